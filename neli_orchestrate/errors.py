@@ -1,0 +1,38 @@
+"""Exceptions shared by every layer of neli_orchestrate."""
+
+from __future__ import annotations
+
+
+class NeliError(Exception):
+    """Base class of every error raised by neli_orchestrate."""
+
+
+class ConfigError(NeliError, ValueError):
+    """A configuration value or combination of values is invalid; the message names the field."""
+
+
+class KafkaUnavailableError(NeliError):
+    """The Kafka cluster could not be reached, or refused an operation the protocol needs."""
+
+
+class FencedError(NeliError):
+    """This member lost the right to act for a role; stop the work now.
+
+    Raised when leadership was lost (own heartbeat missing, partitions lost), when a
+    newer leader's ``init_transactions()`` fenced our transactional producer, or when a
+    newer claim superseded ours in the run ledger.
+    """
+
+    def __init__(self, message: str, *, role: str | None = None, token: int | None = None) -> None:
+        super().__init__(message)
+        self.role = role
+        self.token = token
+
+
+class StaleTokenError(NeliError):
+    """A writer presented a fencing token lower than one already committed."""
+
+    def __init__(self, message: str, *, token: int, committed: int) -> None:
+        super().__init__(message)
+        self.token = token
+        self.committed = committed

@@ -1,0 +1,370 @@
+"""Run a real single-node Apache Kafka broker (KRaft) on loopback, for tests and local work.
+
+Usage::
+
+    with LocalKafka() as kafka:
+        producer = confluent_kafka.Producer({"bootstrap.servers": kafka.bootstrap_servers})
+        ...
+
+The broker's jars come from ``$KAFKA_HOME/libs`` when ``KAFKA_HOME`` points at a Kafka
+distribution, otherwise they are assembled once from Maven Central with ``mvn`` into
+``~/.cache/neli-orchestrate/kafka-<version>/libs`` (``NELI_KAFKA_CACHE`` moves the cache).
+
+.. note:: The broker is tuned for fast, honest tests (no initial rebalance delay, sub-second
+   session timeouts allowed, replication factor 1). It is not a production configuration.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+
+from neli_orchestrate.errors import NeliError
+
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.1.1"
+
+#: Broker settings that make groups and transactions fast on one node. Tests rely on them.
+FAST_TEST_PROPERTIES: Mapping[str, str] = {
+    "group.initial.rebalance.delay.ms": "0",
+    # classic protocol: allow sub-second sessions
+    "group.min.session.timeout.ms": "100",
+    # KIP-848 (group.protocol=consumer): session and heartbeat are broker/group settings;
+    # the minimums are lowered together so groups may ask for short intervals.
+    "group.consumer.min.session.timeout.ms": "100",
+    "group.consumer.min.heartbeat.interval.ms": "50",
+    "group.consumer.session.timeout.ms": "3000",
+    "group.consumer.heartbeat.interval.ms": "250",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "1",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+    "num.network.threads": "2",
+    "num.io.threads": "4",
+    # let compaction tests see results without waiting minutes
+    "log.cleaner.backoff.ms": "1000",
+}
+
+
+class LocalKafkaError(NeliError):
+    """The local broker could not be obtained or started; the message carries the log tail."""
+
+
+def kafka_cache_dir(version: str = KAFKA_VERSION) -> Path:
+    """Return the directory that holds (or will hold) the broker jars for ``version``."""
+    root = os.environ.get("NELI_KAFKA_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "neli-orchestrate"
+    return base / f"kafka-{version}"
+
+
+def _resource(name: str) -> Path:
+    return Path(str(resources.files("neli_orchestrate.testing") / "kafka" / name))
+
+
+def ensure_kafka_libs(version: str = KAFKA_VERSION, *, timeout: float = 600.0) -> Path:
+    """Return a directory of Kafka broker jars, fetching them with Maven on first use.
+
+    Uses ``$KAFKA_HOME/libs`` when ``KAFKA_HOME`` is set. Safe to call from several
+    processes at once: the fetch holds a file lock and publishes the jars with a rename.
+    """
+    home = os.environ.get("KAFKA_HOME")
+    if home:
+        libs = Path(home) / "libs"
+        if not any(libs.glob("kafka_2.*.jar")):
+            raise LocalKafkaError(
+                f"KAFKA_HOME={home} is not a Kafka distribution: no kafka_2.*.jar in {libs}"
+            )
+        return libs
+    cache = kafka_cache_dir(version)
+    libs = cache / "libs"
+    if (libs / ".complete").exists():
+        return libs
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (libs / ".complete").exists():
+            return libs
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise LocalKafkaError(
+                "Kafka is not available: set KAFKA_HOME to a Kafka 4.x distribution, or install "
+                "Maven (`mvn`) so the broker can be assembled from Maven Central"
+            )
+        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=cache))
+        cmd = [
+            mvn, "-q", "-B", "-f", str(_resource("pom.xml")),
+            f"-Dkafka.version={version}", "dependency:copy-dependencies",
+            "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+        ]
+        log.info("fetching Kafka %s jars with Maven into %s", version, libs)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise LocalKafkaError(f"Maven did not fetch Kafka within {timeout:.0f} s") from exc
+        if proc.returncode != 0 or not any(staging.glob("kafka_2.*.jar")):
+            shutil.rmtree(staging, ignore_errors=True)
+            tail = (proc.stdout + proc.stderr)[-4000:]
+            raise LocalKafkaError(
+                f"Maven could not fetch Kafka {version} (exit {proc.returncode}); is Maven "
+                f"Central reachable? Output:\n{tail}"
+            )
+        (staging / ".complete").write_text(version)
+        shutil.rmtree(libs, ignore_errors=True)
+        staging.rename(libs)
+    return libs
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # Linux: the JVM gets SIGKILL when the process that started it dies, even by kill -9,
+    # so an interrupted test run never leaves a broker behind.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class LocalKafka:
+    """A real single-node Kafka 4.x broker (combined broker + controller) on free loopback ports.
+
+    Usage::
+
+        kafka = LocalKafka().start()
+        print(kafka.bootstrap_servers)   # "127.0.0.1:PORT"
+        kafka.stop()
+
+    ``start()`` returns only when a client has created a topic and completed a
+    produce/consume round trip; a broker that cannot start raises :class:`LocalKafkaError`
+    with the tail of its log instead of hanging.
+    """
+
+    def __init__(
+        self,
+        *,
+        version: str = KAFKA_VERSION,
+        workdir: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        properties: Mapping[str, str] | None = None,
+        heap: str = "768m",
+        die_with_parent: bool = True,
+    ) -> None:
+        self.version = version
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="neli-kafka-"))
+        self.port = port
+        self.controller_port: int | None = None
+        self.properties = dict(FAST_TEST_PROPERTIES)
+        self.properties.update(properties or {})
+        self.heap = heap
+        self.die_with_parent = die_with_parent
+        self.process: subprocess.Popen[bytes] | None = None
+
+    # -- public ----------------------------------------------------------------------------
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The ``bootstrap.servers`` value for clients of this broker."""
+        if self.port is None:
+            raise LocalKafkaError("the broker has not been started")
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "broker.log"
+
+    def start(self, timeout: float = 90.0) -> LocalKafka:
+        """Start the broker and wait until it serves a produce/consume round trip."""
+        java = shutil.which("java")
+        if java is None:
+            raise LocalKafkaError("Kafka needs Java 17+: no `java` on PATH")
+        libs = ensure_kafka_libs(self.version)
+        deadline = time.monotonic() + timeout
+        fixed_port = self.port is not None
+        for attempt in range(3):
+            self._write_config()
+            self._format(java, libs)
+            self._launch(java, libs)
+            try:
+                self._wait_ready(deadline)
+                log.info("Kafka %s ready at %s (pid %s)", self.version,
+                         self.bootstrap_servers, self.pid)
+                return self
+            except LocalKafkaError:
+                port_clash = "Address already in use" in self.log_tail()
+                self._kill()
+                if fixed_port or not port_clash or attempt == 2:
+                    raise
+                log.warning("port clash starting Kafka, retrying on other ports")
+                self.port = None
+        raise AssertionError("unreachable")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL past ``timeout``) and remove a temp workdir."""
+        self._kill(timeout)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the broker log, for error messages."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no broker log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _write_config(self) -> None:
+        if self.port is None:
+            self.port = free_port()
+        self.controller_port = free_port()
+        while self.controller_port == self.port:
+            self.controller_port = free_port()
+        data = self.workdir / "data"
+        shutil.rmtree(data, ignore_errors=True)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(data),
+            **self.properties,
+        }
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        text = "".join(f"{k}={v}\n" for k, v in props.items())
+        (self.workdir / "server.properties").write_text(text)
+
+    def _java_cmd(self, java: str, libs: Path, main: str) -> list[str]:
+        return [
+            java, f"-Xmx{self.heap}", "-Xss1m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={_resource('log4j2.properties')}",
+            "-cp", f"{libs}/*", main,
+        ]
+
+    def _format(self, java: str, libs: Path) -> None:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cmd = self._java_cmd(java, libs, "kafka.tools.StorageTool") + [
+            "format", "-t", cluster_id, "-c", str(self.workdir / "server.properties"),
+            "--standalone",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise LocalKafkaError(
+                f"formatting Kafka storage failed (exit {proc.returncode}):\n"
+                f"{(proc.stdout + proc.stderr)[-4000:]}"
+            )
+
+    def _launch(self, java: str, libs: Path) -> None:
+        cmd = self._java_cmd(java, libs, "kafka.Kafka") + [str(self.workdir / "server.properties")]
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
+            )
+        (self.workdir / "broker.pid").write_text(str(self.process.pid))
+
+    def _wait_ready(self, deadline: float) -> None:
+        from confluent_kafka import Consumer, KafkaException, Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        assert self.process is not None
+        conf = {"bootstrap.servers": self.bootstrap_servers, "socket.timeout.ms": 2000}
+        topic = f"__neli_ready_{uuid.uuid4().hex[:8]}"
+        last_error = "no answer"
+        admin = AdminClient(conf)
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise LocalKafkaError(
+                    f"Kafka exited with code {self.process.returncode} during start-up; "
+                    f"log tail:\n{self.log_tail()}"
+                )
+            try:
+                futures = admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=5)
+                futures[topic].result(timeout=5)
+                break
+            except KafkaException as exc:
+                if "TOPIC_ALREADY_EXISTS" in str(exc):
+                    break
+                last_error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - any failure here means "not ready yet"
+                last_error = repr(exc)
+            time.sleep(0.2)
+        else:
+            raise LocalKafkaError(
+                f"Kafka did not become ready before the deadline ({last_error}); "
+                f"log tail:\n{self.log_tail()}"
+            )
+        producer = Producer(conf)
+        producer.produce(topic, b"ready")
+        if producer.flush(max(0.1, deadline - time.monotonic())) != 0:
+            raise LocalKafkaError(f"Kafka accepted no produce; log tail:\n{self.log_tail()}")
+        consumer = Consumer({**conf, "group.id": topic, "auto.offset.reset": "earliest"})
+        try:
+            consumer.subscribe([topic])
+            while time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is not None and msg.error() is None and msg.value() == b"ready":
+                    return
+            raise LocalKafkaError(
+                f"Kafka round trip did not complete before the deadline; "
+                f"log tail:\n{self.log_tail()}"
+            )
+        finally:
+            consumer.close()
+
+    def _kill(self, timeout: float = 20.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("Kafka did not stop within %.0f s of SIGTERM; killing it", timeout)
+            proc.kill()
+            proc.wait(10)

@@ -1,0 +1,96 @@
+"""pytest plugin (entry point ``pytest11``): a real Kafka broker for your tests.
+
+Fixtures:
+
+- ``kafka_broker`` (session): bootstrap servers of a broker. ``NELI_TEST_BOOTSTRAP_SERVERS``
+  points the tests at an existing cluster; otherwise a :class:`LocalKafka` is started once per
+  session. A broker that cannot start *fails* the requesting tests; it never skips them.
+- ``kafka_admin`` (session): a ``confluent_kafka.admin.AdminClient`` for that broker.
+- ``new_topic`` (function): ``new_topic(partitions=1, config=None) -> name`` creates a fresh,
+  uniquely named topic.
+
+Markers registered here: ``kafka``, ``spark``, ``airflow``, ``dagster`` (tests that need the
+named real component).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+
+import pytest
+
+from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
+
+BOOTSTRAP_ENV = "NELI_TEST_BOOTSTRAP_SERVERS"
+
+NewTopicFactory = Callable[..., str]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in [
+        ("kafka", "needs a real Kafka broker (kafka_broker fixture)"),
+        ("spark", "runs real spark-submit / PySpark"),
+        ("airflow", "runs real Airflow"),
+        ("dagster", "runs real Dagster"),
+    ]:
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def _check_reachable(bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+    try:
+        admin.list_topics(timeout=10)
+    except Exception as exc:  # noqa: BLE001
+        raise LocalKafkaError(f"{BOOTSTRAP_ENV}={bootstrap} is not reachable: {exc}") from exc
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[str]:
+    """Bootstrap servers of a real Kafka broker for this test session."""
+    external = os.environ.get(BOOTSTRAP_ENV)
+    if external:
+        try:
+            _check_reachable(external)
+        except LocalKafkaError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        yield external
+        return
+    kafka = LocalKafka()
+    try:
+        kafka.start()
+    except LocalKafkaError as exc:
+        kafka.stop()
+        pytest.fail(f"Kafka broker could not start: {exc}", pytrace=False)
+    try:
+        yield kafka.bootstrap_servers
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_broker: str):  # type: ignore[no-untyped-def]
+    """An AdminClient connected to ``kafka_broker``."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": kafka_broker})
+
+
+@pytest.fixture
+def new_topic(kafka_admin, request: pytest.FixtureRequest) -> NewTopicFactory:  # type: ignore[no-untyped-def]
+    """Factory that creates a fresh topic: ``new_topic(partitions=1, config=None) -> name``."""
+    from confluent_kafka.admin import NewTopic
+
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", request.node.name)[:80]
+
+    def create(partitions: int = 1, config: Mapping[str, str] | None = None) -> str:
+        name = f"t.{stem}.{uuid.uuid4().hex[:8]}"
+        topic = NewTopic(name, partitions, 1, config=dict(config or {}))
+        kafka_admin.create_topics([topic], operation_timeout=15)[name].result(timeout=30)
+        return name
+
+    return create

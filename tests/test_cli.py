@@ -1,0 +1,54 @@
+"""`neli-orchestrate kafka start/status/stop` manage a real background broker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+pytestmark = pytest.mark.kafka
+
+CLI = [sys.executable, "-m", "neli_orchestrate.cli"]
+
+
+def _java_pids_using(workdir: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "kafka.Kafka" in cmdline and str(workdir) in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_kafka_start_background_prints_usable_address_and_stop_leaves_no_java(tmp_path):
+    state = tmp_path / "state"
+    args = ["--state-dir", str(state)]
+    try:
+        started = subprocess.run(CLI + ["kafka", "start", "--background", *args],
+                                 capture_output=True, text=True, timeout=180)
+        assert started.returncode == 0, started.stderr
+        bootstrap = started.stdout.strip().splitlines()[-1]
+        assert bootstrap.startswith("127.0.0.1:")
+        metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=15)
+        assert metadata.brokers, "the printed address serves metadata"
+
+        status = subprocess.run(CLI + ["kafka", "status", *args], capture_output=True, text=True,
+                                timeout=30)
+        assert status.returncode == 0 and bootstrap in status.stdout
+        assert _java_pids_using(state)
+    finally:
+        stopped = subprocess.run(CLI + ["kafka", "stop", *args], capture_output=True, text=True,
+                                 timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _java_pids_using(state) == []
+    status = subprocess.run(CLI + ["kafka", "status", *args], capture_output=True, text=True,
+                            timeout=30)
+    assert status.returncode == 3 and "not running" in status.stdout
