@@ -36,3 +36,7 @@ class StaleTokenError(NeliError):
         super().__init__(message)
         self.token = token
         self.committed = committed
+
+
+class SkippedRun(NeliError):
+    """The run needs no work here: it was completed (or is owned) by another deployment."""
