@@ -1,0 +1,1 @@
+"""PySpark applications of the example DAGs, shared with the Dagster example."""
