@@ -10,10 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from neli_orchestrate.errors import (
+    AcquireTimeoutError,
     ConfigError,
     FencedError,
     KafkaUnavailableError,
     NeliError,
+    SkippedRun,
     StaleTokenError,
 )
 
@@ -26,6 +28,11 @@ _LAZY = {
     "LeaderRevoked": "neli_orchestrate.core",
     "LeaderFenced": "neli_orchestrate.core",
     "MockNeli": "neli_orchestrate.core",
+    "Outcome": "neli_orchestrate.decision",
+    "Singleton": "neli_orchestrate.singleton",
+    "SingletonConfig": "neli_orchestrate.singleton",
+    "Reservation": "neli_orchestrate.singleton",
+    "Run": "neli_orchestrate.singleton",
 }
 
 if TYPE_CHECKING:
@@ -37,8 +44,11 @@ if TYPE_CHECKING:
         Neli,
         NeliConfig,
     )
+    from neli_orchestrate.decision import Outcome
+    from neli_orchestrate.singleton import Reservation, Run, Singleton, SingletonConfig
 
 __all__ = [
+    "AcquireTimeoutError",
     "ConfigError",
     "FencedError",
     "KafkaUnavailableError",
@@ -49,6 +59,12 @@ __all__ = [
     "Neli",
     "NeliConfig",
     "NeliError",
+    "Outcome",
+    "Reservation",
+    "Run",
+    "Singleton",
+    "SingletonConfig",
+    "SkippedRun",
     "StaleTokenError",
 ]
 

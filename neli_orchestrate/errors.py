@@ -40,3 +40,7 @@ class StaleTokenError(NeliError):
 
 class SkippedRun(NeliError):
     """The run needs no work here: it was completed (or is owned) by another deployment."""
+
+
+class AcquireTimeoutError(NeliError):
+    """Leadership of a role could not be acquired in time: another member holds it."""

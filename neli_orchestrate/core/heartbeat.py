@@ -1,0 +1,58 @@
+"""The heartbeat record: who sent it (member id), its sequence number and when it was sent.
+
+Encoded as key = member id (UTF-8) and value = a small JSON object, so a reader can skip other
+members' heartbeats by key and a person can read the topic with any console consumer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+__all__ = ["Heartbeat", "decode_heartbeat"]
+
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A member's heartbeat on the leader topic.
+
+    ``sent_at`` is the sender's monotonic clock, meaningful only to the sender (which is the
+    only member that counts the heartbeat in Fast NELI); ``sent_wall`` is for people reading
+    the topic.
+    """
+
+    member: str
+    seq: int
+    sent_at: float
+    sent_wall: float
+
+    def encode(self) -> tuple[bytes, bytes]:
+        """Return the record's (key, value)."""
+        value = json.dumps(
+            {"neli": _FORMAT, "member": self.member, "seq": self.seq,
+             "sent_at": self.sent_at, "sent_wall": self.sent_wall},
+            separators=(",", ":"),
+        )
+        return self.member.encode("utf-8"), value.encode("utf-8")
+
+
+def decode_heartbeat(key: bytes | None, value: bytes | None) -> Heartbeat | None:
+    """Parse a leader-topic record; ``None`` if it is not a heartbeat of this format."""
+    if value is None:
+        return None
+    try:
+        data = json.loads(value)
+        if not isinstance(data, dict) or data.get("neli") != _FORMAT:
+            return None
+        member = data["member"]
+        seq = data["seq"]
+        if not isinstance(member, str) or isinstance(seq, bool) or not isinstance(seq, int):
+            return None
+        if key is not None and key != member.encode("utf-8"):
+            return None  # key and body disagree: not a well-formed heartbeat
+        return Heartbeat(member=member, seq=seq, sent_at=float(data["sent_at"]),
+                         sent_wall=float(data["sent_wall"]))
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,510 @@
+"""The narrow seam between the NELI protocol and Kafka, and its confluent-kafka implementation.
+
+The protocol talks to Kafka only through the small :class:`typing.Protocol` classes here:
+a :class:`GroupConsumer` (subscribe, poll, commit, close), a :class:`HeartbeatProducer`
+(send, poll, flush) and a :class:`LeaderTopicAdmin` (topic and group settings). Tests inject
+fakes through :class:`KafkaClients`; production uses :class:`ConfluentKafka`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from neli_orchestrate.errors import KafkaUnavailableError
+
+if TYPE_CHECKING:
+    from neli_orchestrate.core.config import ResolvedConfig
+
+__all__ = [
+    "ConfluentKafka",
+    "ConsumerFault",
+    "DeliveryCallback",
+    "GroupConsumer",
+    "HeartbeatProducer",
+    "KafkaClients",
+    "LeaderTopicAdmin",
+    "OFFSET_END",
+    "OFFSET_STORED",
+    "PollResult",
+    "RebalanceListener",
+    "Record",
+    "admin_settings",
+    "consumer_settings",
+    "producer_settings",
+]
+
+log = logging.getLogger(__name__)
+librdkafka_log = logging.getLogger("neli_orchestrate.core.librdkafka")
+
+OFFSET_END = -1
+"""Start offset meaning "the end of the partition": read only what is written from now on."""
+OFFSET_STORED = -1000
+"""Start offset meaning "the group's committed offset"."""
+
+# Consumer errors that mean "this member no longer owns its partitions".
+MAX_POLL_EXCEEDED = "_MAX_POLL_EXCEEDED"
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record read from the leader topic."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None
+    log_append_time: bool
+    """True if ``timestamp_ms`` was set by the broker when it appended the record."""
+
+
+@dataclass(frozen=True)
+class ConsumerFault:
+    """An error the consumer reported from ``poll`` (a Kafka error code name and its text)."""
+
+    code: str
+    message: str
+    fatal: bool = False
+
+
+PollResult = Record | ConsumerFault | None
+DeliveryCallback = Callable[[int | None, str | None], None]
+"""Called with (offset, None) once a heartbeat is written, or (None, error) if it was not."""
+
+
+class RebalanceListener(Protocol):
+    """What the consumer tells the protocol, always on the thread that calls ``poll``/``close``."""
+
+    def on_assign(self, partitions: Sequence[int]) -> Mapping[int, int]:
+        """Partitions were assigned; return the offset to start each at (or OFFSET_END)."""
+        ...
+
+    def on_revoke(self, partitions: Sequence[int]) -> None:
+        """Partitions are being revoked; the successor waits until this returns."""
+        ...
+
+    def on_lost(self, partitions: Sequence[int]) -> None:
+        """Partitions were lost (session or max-poll expiry); another member may own them."""
+        ...
+
+    def on_commit(self, offsets: Mapping[int, int], error: str | None) -> None:
+        """An offset commit finished; ``error`` is None if the group coordinator accepted it."""
+        ...
+
+
+class GroupConsumer(Protocol):
+    """A member of the leader topic's consumer group."""
+
+    def subscribe(self, listener: RebalanceListener) -> None:
+        """Join the group on the leader topic; rebalance events go to ``listener``."""
+        ...
+
+    def poll(self, timeout: float) -> PollResult:
+        """Serve callbacks and return one record, a fault, or None after ``timeout`` seconds."""
+        ...
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        """Commit ``{partition: offset}`` asynchronously; the result reaches ``on_commit``."""
+        ...
+
+    def close(self) -> None:
+        """Revoke (``on_revoke``), leave the group at once and release resources."""
+        ...
+
+
+class HeartbeatProducer(Protocol):
+    """Writes heartbeats to chosen partitions of the leader topic."""
+
+    def send(self, partition: int, key: bytes, value: bytes,
+             on_delivery: DeliveryCallback | None = None) -> None:
+        """Queue one record for ``partition``; ``on_delivery`` runs from ``poll``/``flush``."""
+        ...
+
+    def poll(self, timeout: float) -> None:
+        """Serve delivery callbacks."""
+        ...
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to ``timeout`` for queued records; return how many are still queued."""
+        ...
+
+    def close(self) -> None:
+        """Drop queued heartbeats (they are worthless once the member stops) and release."""
+        ...
+
+
+class LeaderTopicAdmin(Protocol):
+    """The administrative calls a member makes once, at start-up."""
+
+    def partition_count(self, topic: str, timeout: float) -> int | None:
+        """Return the topic's partition count, None if it does not exist.
+
+        Raises KafkaUnavailableError if the cluster cannot be reached or refuses to describe it.
+        """
+        ...
+
+    def create_topic(self, topic: str, partitions: int, config: Mapping[str, str],
+                     timeout: float) -> None:
+        """Create the topic; an existing topic is not an error. Raises KafkaUnavailableError."""
+        ...
+
+    def topic_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        """Return the topic's settings, or None if this client may not read them."""
+        ...
+
+    def alter_group_config(self, group_id: str, settings: Mapping[str, str],
+                           timeout: float) -> None:
+        """Set dynamic group settings (KIP-848 groups). Raises KafkaUnavailableError."""
+        ...
+
+    def group_config(self, group_id: str, timeout: float) -> Mapping[str, str] | None:
+        """Return the group's dynamic settings, or None if they cannot be read."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class KafkaClients(Protocol):
+    """Factory of the three clients a member uses; inject a fake one in tests."""
+
+    def admin(self, settings: Mapping[str, Any]) -> LeaderTopicAdmin: ...
+
+    def consumer(self, settings: Mapping[str, Any], topic: str) -> GroupConsumer: ...
+
+    def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer: ...
+
+
+# -- librdkafka settings -------------------------------------------------------------------------
+
+def _ms(seconds: float) -> int:
+    return max(1, int(round(seconds * 1000)))
+
+
+def _common(r: ResolvedConfig) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "bootstrap.servers": r.bootstrap_servers,
+        "client.id": f"neli-{r.name}",
+        # heartbeats are tiny and latency-bound; Nagle's algorithm would delay them
+        "socket.nagle.disable": True,
+        "logger": librdkafka_log,
+    }
+    settings.update(r.kafka_config)
+    return settings
+
+
+def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
+    """The consumer's librdkafka settings for a resolved config."""
+    settings = _common(r)
+    settings.update({
+        "group.id": r.group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "latest",
+        "enable.partition.eof": False,
+        "fetch.wait.max.ms": _ms(r.fetch_wait_max),
+        "max.poll.interval.ms": _ms(r.max_poll_interval),
+    })
+    if r.group_protocol == "classic":
+        settings.update({
+            "group.protocol": "classic",
+            "partition.assignment.strategy": r.assignor or "cooperative-sticky",
+            "session.timeout.ms": _ms(r.session_timeout),
+            "heartbeat.interval.ms": _ms(r.group_heartbeat_interval),
+            # librdkafka sends a classic-group heartbeat only when its main thread wakes up
+            # (timers or requests), in practice every 0.5-1 s for an idle follower: too late
+            # for short sessions, and it delays hand-overs. The auto-commit timer wakes it
+            # often enough; with enable.auto.offset.store=false nothing is ever stored, so
+            # the timer commits nothing (librdkafka skips empty auto-commits silently).
+            "enable.auto.commit": True,
+            "auto.commit.interval.ms": _ms(min(r.group_heartbeat_interval / 5, 0.01)),
+        })
+    else:
+        # KIP-848: session and heartbeat are group settings on the broker (see topic.py)
+        settings["group.protocol"] = "consumer"
+        if r.assignor is not None:
+            settings["group.remote.assignor"] = r.assignor
+    return settings
+
+
+def producer_settings(r: ResolvedConfig) -> dict[str, Any]:
+    """The heartbeat producer's librdkafka settings for a resolved config."""
+    settings = _common(r)
+    settings.update({
+        "acks": "all",
+        "linger.ms": 0,
+        "enable.idempotence": False,
+        # a heartbeat older than the lease proves nothing: give up on it then
+        "message.timeout.ms": _ms(r.heartbeat_timeout),
+        "request.timeout.ms": _ms(max(r.heartbeat_timeout, 0.1)),
+    })
+    return settings
+
+
+def admin_settings(r: ResolvedConfig) -> dict[str, Any]:
+    """The admin client's librdkafka settings for a resolved config."""
+    return _common(r)
+
+
+# -- confluent-kafka implementation --------------------------------------------------------------
+
+def _error_name(err: Any) -> str:
+    try:
+        return str(err.name())
+    except Exception:  # noqa: BLE001 - any object describing an error will do
+        return str(err)
+
+
+class _ConfluentConsumer:
+    def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
+        from confluent_kafka import Consumer
+
+        self._topic = topic
+        self._listener: RebalanceListener | None = None
+        conf = dict(settings)
+        conf["on_commit"] = self._on_commit
+        self._consumer = Consumer(conf)
+
+    def subscribe(self, listener: RebalanceListener) -> None:
+        self._listener = listener
+        self._consumer.subscribe(
+            [self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _tps(self, partitions: Sequence[int], starts: Mapping[int, int] | None = None) -> list[Any]:
+        from confluent_kafka import OFFSET_INVALID, TopicPartition
+
+        starts = starts or {}
+        return [TopicPartition(self._topic, p, starts.get(p, OFFSET_INVALID)) for p in partitions]
+
+    def _on_assign(self, consumer: Any, tps: list[Any]) -> None:
+        assert self._listener is not None
+        partitions = [tp.partition for tp in tps if tp.topic == self._topic]
+        starts = self._listener.on_assign(partitions)
+        # cooperative-sticky and KIP-848 are incremental: add to, never replace, the assignment
+        consumer.incremental_assign(self._tps(partitions, starts))
+
+    def _on_revoke(self, consumer: Any, tps: list[Any]) -> None:
+        assert self._listener is not None
+        partitions = [tp.partition for tp in tps if tp.topic == self._topic]
+        try:
+            self._listener.on_revoke(partitions)
+        finally:
+            consumer.incremental_unassign(self._tps(partitions))
+
+    def _on_lost(self, consumer: Any, tps: list[Any]) -> None:
+        assert self._listener is not None
+        partitions = [tp.partition for tp in tps if tp.topic == self._topic]
+        try:
+            self._listener.on_lost(partitions)
+        finally:
+            consumer.incremental_unassign(self._tps(partitions))
+
+    def _on_commit(self, err: Any, tps: list[Any]) -> None:
+        if self._listener is None:
+            return
+        offsets = {tp.partition: tp.offset for tp in tps}
+        error = _error_name(err) if err is not None else None
+        if error is None:
+            for tp in tps:
+                if tp.error is not None:
+                    error = _error_name(tp.error)
+                    break
+        self._listener.on_commit(offsets, error)
+
+    def poll(self, timeout: float) -> PollResult:
+        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return None
+        err = msg.error()
+        if err is not None:
+            return ConsumerFault(code=_error_name(err), message=str(err.str()),
+                                 fatal=bool(err.fatal()))
+        ts_type, ts = msg.timestamp()
+        return Record(
+            partition=msg.partition(), offset=msg.offset(), key=msg.key(), value=msg.value(),
+            timestamp_ms=ts if ts_type else None,
+            log_append_time=ts_type == TIMESTAMP_LOG_APPEND_TIME,
+        )
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        from confluent_kafka import TopicPartition
+
+        tps = [TopicPartition(self._topic, p, o) for p, o in offsets.items()]
+        self._consumer.commit(offsets=tps, asynchronous=True)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class _ConfluentProducer:
+    def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
+        from confluent_kafka import Producer
+
+        self._topic = topic
+        self._producer = Producer(dict(settings))
+
+    def send(self, partition: int, key: bytes, value: bytes,
+             on_delivery: DeliveryCallback | None = None) -> None:
+        def delivered(err: Any, msg: Any) -> None:
+            if on_delivery is None:
+                return
+            if err is not None:
+                on_delivery(None, _error_name(err))
+            else:
+                on_delivery(msg.offset(), None)
+
+        try:
+            self._producer.produce(self._topic, value=value, key=key, partition=partition,
+                                   on_delivery=delivered)
+        except BufferError:
+            # the local queue is full: the broker has been unreachable for a while; the lease
+            # will lapse on its own, a lost heartbeat changes nothing
+            if on_delivery is not None:
+                on_delivery(None, "_QUEUE_FULL")
+
+    def poll(self, timeout: float) -> None:
+        self._producer.poll(timeout)
+
+    def flush(self, timeout: float) -> int:
+        return int(self._producer.flush(timeout))
+
+    def close(self) -> None:
+        try:
+            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self._producer.flush(0)
+        except Exception:  # noqa: BLE001 - closing must not fail
+            log.debug("purging heartbeats on close failed", exc_info=True)
+
+
+class _ConfluentAdmin:
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self._servers = settings.get("bootstrap.servers")
+        self._admin = AdminClient(dict(settings))
+
+    def _unavailable(self, what: str, exc: BaseException) -> KafkaUnavailableError:
+        code = ""
+        args = getattr(exc, "args", ())
+        if args and hasattr(args[0], "name"):
+            code = _error_name(args[0])
+        if code in ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE", ""):
+            hint = (f"is the cluster at bootstrap.servers={self._servers!r} running and "
+                    f"reachable (listeners, DNS, firewall, security settings)?")
+        elif "AUTHORIZATION" in code:
+            hint = "the client lacks an ACL for this operation"
+        else:
+            hint = "see the broker's answer above"
+        return KafkaUnavailableError(f"{what} failed: {exc}; {hint}")
+
+    def partition_count(self, topic: str, timeout: float) -> int | None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        try:
+            metadata = self._admin.list_topics(topic=topic, timeout=timeout)
+        except KafkaException as exc:
+            raise self._unavailable(f"reading metadata of topic {topic!r}", exc) from exc
+        meta = metadata.topics.get(topic)
+        if meta is None:
+            return None
+        if meta.error is not None:
+            if meta.error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                     KafkaError._UNKNOWN_TOPIC):
+                return None
+            raise KafkaUnavailableError(
+                f"the cluster at {self._servers!r} refused to describe topic {topic!r}: "
+                f"{meta.error.str()}"
+            )
+        return len(meta.partitions)
+
+    def create_topic(self, topic: str, partitions: int, config: Mapping[str, str],
+                     timeout: float) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        new = NewTopic(topic, num_partitions=partitions, replication_factor=-1,
+                       config=dict(config))
+        try:
+            futures = self._admin.create_topics([new], operation_timeout=timeout,
+                                                request_timeout=timeout)
+            futures[topic].result(timeout=timeout + 5)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if err is not None and hasattr(err, "code") and \
+                    err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return
+            raise self._unavailable(
+                f"creating leader topic {topic!r} with {partitions} partition(s)", exc
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - e.g. a future timeout
+            raise KafkaUnavailableError(
+                f"creating leader topic {topic!r} did not finish within {timeout:g} s: {exc!r}"
+            ) from exc
+
+    def _describe(self, restype: Any, name: str, timeout: float) -> Mapping[str, str] | None:
+        from confluent_kafka.admin import ConfigResource
+
+        try:
+            futures = self._admin.describe_configs([ConfigResource(restype, name)],
+                                                   request_timeout=timeout)
+            entries = next(iter(futures.values())).result(timeout=timeout + 5)
+        except Exception:  # noqa: BLE001 - not allowed or not supported: the caller decides
+            log.debug("describing %s %r failed", restype, name, exc_info=True)
+            return None
+        return {key: entry.value for key, entry in entries.items() if entry.value is not None}
+
+    def topic_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        from confluent_kafka.admin import ResourceType
+
+        return self._describe(ResourceType.TOPIC, topic, timeout)
+
+    def alter_group_config(self, group_id: str, settings: Mapping[str, str],
+                           timeout: float) -> None:
+        from confluent_kafka.admin import (
+            AlterConfigOpType,
+            ConfigEntry,
+            ConfigResource,
+            ResourceType,
+        )
+
+        entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                   for k, v in settings.items()]
+        resource = ConfigResource(ResourceType.GROUP, group_id, incremental_configs=entries)
+        try:
+            futures = self._admin.incremental_alter_configs([resource], request_timeout=timeout)
+            next(iter(futures.values())).result(timeout=timeout + 5)
+        except Exception as exc:  # noqa: BLE001
+            raise KafkaUnavailableError(
+                f"setting {dict(settings)} on consumer group {group_id!r} failed: {exc}"
+            ) from exc
+
+    def group_config(self, group_id: str, timeout: float) -> Mapping[str, str] | None:
+        from confluent_kafka.admin import ResourceType
+
+        return self._describe(ResourceType.GROUP, group_id, timeout)
+
+    def close(self) -> None:
+        # AdminClient has no close(); dropping the reference destroys the handle
+        self._admin = None  # type: ignore[assignment]
+
+
+class ConfluentKafka:
+    """The real clients, from confluent-kafka (librdkafka)."""
+
+    def admin(self, settings: Mapping[str, Any]) -> LeaderTopicAdmin:
+        return _ConfluentAdmin(settings)
+
+    def consumer(self, settings: Mapping[str, Any], topic: str) -> GroupConsumer:
+        return _ConfluentConsumer(settings, topic)
+
+    def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer:
+        return _ConfluentProducer(settings, topic)
+
+    def __repr__(self) -> str:
+        return "ConfluentKafka()"

@@ -1,0 +1,139 @@
+"""Start-up checks at the broker: the leader topic exists and fits, the group's timings are set.
+
+Run once when a member is created, before it joins the group, so a misconfiguration is a clear
+error at start-up rather than a member that silently never leads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from neli_orchestrate.core.config import ResolvedConfig
+from neli_orchestrate.core.kafka import LeaderTopicAdmin
+from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
+
+__all__ = ["GROUP_HEARTBEAT_KEY", "GROUP_SESSION_KEY", "prepare_group", "prepare_leader_topic"]
+
+log = logging.getLogger(__name__)
+
+GROUP_SESSION_KEY = "consumer.session.timeout.ms"
+GROUP_HEARTBEAT_KEY = "consumer.heartbeat.interval.ms"
+
+# Heartbeats are worthless after seconds; keep the leader topic small.
+DEFAULT_TOPIC_CONFIG = {"retention.ms": "3600000", "segment.ms": "3600000",
+                        "cleanup.policy": "delete"}
+
+
+def prepare_leader_topic(admin: LeaderTopicAdmin, r: ResolvedConfig) -> int:
+    """Make sure the leader topic exists and suits the config; return its partition count."""
+    count = admin.partition_count(r.topic, r.request_timeout)
+    if count is None:
+        if not r.create_topic:
+            raise KafkaUnavailableError(
+                f"leader topic {r.topic!r} does not exist and NeliConfig.create_topic is False; "
+                f"create it (e.g. {r.partitions_to_create} partition(s)) or allow creation"
+            )
+        settings = dict(DEFAULT_TOPIC_CONFIG)
+        if r.mode == "full":
+            # Full NELI ages records by the broker's clock (the paper's BTime)
+            settings["message.timestamp.type"] = "LogAppendTime"
+        settings.update(r.topic_config)
+        log.info("creating leader topic %r with %d partition(s)", r.topic, r.partitions_to_create)
+        admin.create_topic(r.topic, r.partitions_to_create, settings, r.request_timeout)
+        # A new topic (ours, or one another member created a moment ago) reaches the
+        # brokers' metadata shortly after the controller accepted it: wait for it.
+        deadline = time.monotonic() + r.request_timeout
+        count = admin.partition_count(r.topic, r.request_timeout)
+        while count is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            count = admin.partition_count(r.topic, r.request_timeout)
+        if count is None:
+            raise KafkaUnavailableError(
+                f"leader topic {r.topic!r} was created but the cluster does not list it yet; "
+                f"retry, or raise NeliConfig.request_timeout"
+            )
+    if r.partitions is not None and count != r.partitions:
+        raise KafkaUnavailableError(
+            f"leader topic {r.topic!r} has {count} partition(s) but NeliConfig.partitions="
+            f"{r.partitions}: every member must map roles to the same partitions (role j -> "
+            f"partition j mod M); set partitions={count} (or None to accept the topic), or "
+            f"recreate the topic with {r.partitions} partition(s) while no member runs"
+        )
+    if r.mode == "full":
+        topic_settings = admin.topic_config(r.topic, r.request_timeout)
+        if topic_settings is None:
+            log.warning("cannot read the settings of leader topic %r; Full NELI needs "
+                        "message.timestamp.type=LogAppendTime and will ignore records with "
+                        "producer timestamps", r.topic)
+        elif topic_settings.get("message.timestamp.type") != "LogAppendTime":
+            raise KafkaUnavailableError(
+                f"leader topic {r.topic!r} uses message.timestamp.type="
+                f"{topic_settings.get('message.timestamp.type')!r}; Full NELI needs the "
+                f"broker's clock: set it to LogAppendTime (kafka-configs --alter --entity-type "
+                f"topics --entity-name {r.topic} --add-config "
+                f"message.timestamp.type=LogAppendTime) or use another topic"
+            )
+    return count
+
+
+def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, float] | None:
+    """For KIP-848 groups, apply (or read) the broker-side session and heartbeat settings.
+
+    With ``group.protocol=consumer`` the session timeout and heartbeat interval are group
+    settings on the broker, not client settings. When ``apply_group_config`` is set the member
+    writes its own values to the group (idempotent: every member writes the same). It then
+    reads back the effective values and checks them against ``heartbeat_timeout``: a broker
+    whose session is shorter than the lease would break exclusivity, so that is a ConfigError.
+    Returns the effective (session_timeout, heartbeat_interval) in seconds, or None if unknown.
+    """
+    if r.group_protocol != "consumer":
+        return None
+    wanted = {
+        GROUP_SESSION_KEY: str(max(1, round(r.session_timeout * 1000))),
+        GROUP_HEARTBEAT_KEY: str(max(1, round(r.group_heartbeat_interval * 1000))),
+    }
+    applied = False
+    if r.apply_group_config:
+        try:
+            admin.alter_group_config(r.group_id, wanted, r.request_timeout)
+            applied = True
+        except KafkaUnavailableError as exc:
+            log.warning("could not set the session and heartbeat of group %r (%s); the "
+                        "broker's values apply", r.group_id, exc)
+    current = admin.group_config(r.group_id, r.request_timeout)
+    # Dynamic configs travel through the controller's metadata log: the broker may show the
+    # old values for a moment after an accepted change. Wait for ours to become visible.
+    deadline = time.monotonic() + r.request_timeout
+    while applied and current and time.monotonic() < deadline and any(
+            current.get(key) != value for key, value in wanted.items()):
+        time.sleep(0.05)
+        current = admin.group_config(r.group_id, r.request_timeout)
+    if not current or GROUP_SESSION_KEY not in current:
+        log.warning("cannot read the session timeout of group %r; assuming "
+                    "session_timeout=%g s as configured", r.group_id, r.session_timeout)
+        return None
+    try:
+        session = int(current[GROUP_SESSION_KEY]) / 1000
+        heartbeat = int(current.get(GROUP_HEARTBEAT_KEY, wanted[GROUP_HEARTBEAT_KEY])) / 1000
+    except ValueError:
+        return None
+    if r.exclusive and r.heartbeat_timeout + r.clock_error + heartbeat >= session:
+        raise ConfigError(
+            f"consumer group {r.group_id!r} has {GROUP_SESSION_KEY}={session * 1000:g} and "
+            f"{GROUP_HEARTBEAT_KEY}={heartbeat * 1000:g} at the broker: heartbeat_timeout "
+            f"({r.heartbeat_timeout:g} s) + clock_error ({r.clock_error:g} s) + heartbeat "
+            f"interval must stay below the session timeout for exclusive leadership; lower "
+            f"heartbeat_timeout or raise the group's session timeout"
+        )
+    if not r.exclusive and r.heartbeat_timeout <= session + r.clock_error:
+        raise ConfigError(
+            f"consumer group {r.group_id!r} has {GROUP_SESSION_KEY}={session * 1000:g} at the "
+            f"broker: non-exclusive mode needs heartbeat_timeout ({r.heartbeat_timeout:g} s) "
+            f"above it plus clock_error ({r.clock_error:g} s)"
+        )
+    if abs(session - r.session_timeout) > 1e-3:
+        log.warning("group %r runs with a %g s session timeout at the broker (configured %g s);"
+                    " crash failover takes about the broker's value", r.group_id, session,
+                    r.session_timeout)
+    return session, heartbeat

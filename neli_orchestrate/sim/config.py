@@ -1,0 +1,91 @@
+"""Timing and fault parameters of the simulation, and the timing assumptions they must meet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neli_orchestrate.errors import ConfigError
+
+#: Mutations: deliberately broken variants of the protocol, to prove the checker can fail.
+MUTATIONS: dict[str, str] = {
+    "ignore_completed": "decide() runs a COMPLETED run key again (TAKE_OVER instead of SKIP_DONE)",
+    "run_on_wait": "decide() takes over another deployment's live claim instead of WAIT",
+    "no_fencing": "begin() skips init_transactions(): earlier leaders' producers stay valid",
+    "token_reuse": "a new claim reuses the latest record's token instead of Replay.next_token",
+    "no_claim_check": "the executor runs without check_claim() (even a superseded claim)",
+    "no_membership_proof": "a member's lease is renewed by its own heartbeats alone (no proof"
+    " that the group still counts it as a member)",
+    "no_self_fence": "a member ignores missing heartbeats (leads while it thinks it is assigned)",
+}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Simulated timings in milliseconds. Defaults satisfy the timing assumptions."""
+
+    deployments: tuple[int, int] = (2, 3)
+    roles: tuple[int, int] = (1, 2)
+    run_keys_per_role: tuple[int, int] = (1, 3)
+    #: Ledger partitions to choose from (1: all roles share one partition and one last
+    #: stable offset, so one role's open transaction blocks the others' replays).
+    ledger_partitions: tuple[int, ...] = (1, 2)
+
+    min_delay: int = 1
+    max_delay: int = 15
+    request_timeout: int = 500
+
+    session_timeout: int = 1000
+    session_interval: int = 200
+    heartbeat_timeout: int = 500
+    rebalance_timeout: int = 2500
+    barrier_deadline: int = 1500
+    transaction_timeout: int = 3000
+    acquire_timeout: int = 4000
+
+    handoff_timeout: int = 8000
+    wait_poll: int = 1000
+    retry_delay: tuple[int, int] = (200, 800)
+    scheduler_delay: tuple[int, int] = (10, 300)
+    work_duration: tuple[int, int] = (100, 1500)
+    max_attempts: int = 3
+    #: Bound on each deployment's wall-clock offset from true time (ms).
+    clock_error: int = 200
+
+    fault_free_fraction: float = 0.25
+    fault_horizon: int = 10_000
+    time_limit: int = 150_000
+
+    mutation: str | None = None
+    trace: bool = True
+    #: Refuse timings that break the assumptions below (tests turn it off to show they matter).
+    check_assumptions: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mutation is not None and self.mutation not in MUTATIONS:
+            raise ConfigError(
+                f"unknown mutation {self.mutation!r}; choose from {', '.join(MUTATIONS)}"
+            )
+        if not self.check_assumptions:
+            return
+        delay = 3 * self.max_delay
+        if not self.heartbeat_timeout < self.session_timeout:
+            raise ConfigError(
+                f"timing assumption broken: heartbeat_timeout = {self.heartbeat_timeout} must be"
+                f" below session_timeout = {self.session_timeout} (a leader's lease, renewed by"
+                " proofs of membership, must end before the coordinator can expire it)"
+            )
+        barrier = self.barrier_deadline + self.session_interval + self.heartbeat_timeout + delay
+        if not barrier < self.rebalance_timeout:
+            raise ConfigError(
+                "timing assumption broken: barrier_deadline + session_interval +"
+                f" heartbeat_timeout + 3*max_delay = {barrier} must be below rebalance_timeout"
+                f" = {self.rebalance_timeout} (the revoke barrier must end before the"
+                " coordinator kicks the member)"
+            )
+        if not self.session_interval + 2 * self.max_delay < self.heartbeat_timeout:
+            raise ConfigError(
+                "heartbeat_timeout must exceed session_interval (the pulse) + 2*max_delay,"
+                " or leaders flap"
+            )
+        if not 0 <= self.fault_free_fraction <= 1:
+            raise ConfigError("fault_free_fraction must be within [0, 1]")

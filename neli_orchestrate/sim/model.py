@@ -1,0 +1,1010 @@
+"""The simulated system: NELI members, gate and executor tasks, schedulers, sink, faults.
+
+Everything protocol-shaped is the real code: :func:`neli_orchestrate.decision.decide`,
+:func:`~neli_orchestrate.decision.claim_record`, :func:`~neli_orchestrate.decision.check_claim`,
+:class:`~neli_orchestrate.ledger.LedgerRecord` (encoded and decoded on every write and
+replay), :class:`~neli_orchestrate.ledger.ReplayBuilder` and the token rule, all driven through
+the :class:`~neli_orchestrate.ledger.LedgerStore` seam. What is modelled: the broker, the
+network, process scheduling, the NELI member (Fast NELI, exclusive), the orchestrators and the
+token-checked sink.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Generator
+from typing import Any
+
+from neli_orchestrate.decision import (
+    Claimant,
+    ClaimCheck,
+    ClaimStatus,
+    Decision,
+    DecisionPolicy,
+    Outcome,
+    check_claim,
+    claim_record,
+    decide,
+    is_terminal,
+)
+from neli_orchestrate.errors import FencedError, KafkaUnavailableError
+from neli_orchestrate.ledger import LedgerError, LedgerRecord, Replay, RunState
+from neli_orchestrate.sim.broker import COMMITTED, DATA, UNKNOWN, Broker
+from neli_orchestrate.sim.config import SimConfig
+from neli_orchestrate.sim.kernel import (
+    CALL,
+    PARK,
+    SLEEP,
+    STEP,
+    Deployment,
+    Kernel,
+    Proc,
+    Thread,
+    Violation,
+)
+from neli_orchestrate.sim.store import ReplayCache, SimLedgerStore, SimLedgerWriter, WriteAudit
+
+Gen = Generator[Any, Any, Any]
+DecideFn = Callable[..., Decision]
+CheckClaimFn = Callable[..., ClaimCheck]
+
+GATE_STEPS = ("gate.leading", "gate.begun", "gate.replayed", "gate.decided", "gate.claimed")
+EXEC_STEPS = (
+    "exec.leading", "exec.begun", "exec.replayed", "exec.verified", "exec.running",
+    "exec.work_started", "exec.work_done", "exec.finished",
+)
+#: Steps right before a ledger write, where a crash may leave the transaction open.
+WRITE_STEPS = ("gate.decided", "exec.verified", "exec.work_done")
+
+
+class Member:
+    """A NELI member (Fast NELI, exclusive mode) with the core's leadership rule.
+
+    Leader at time t iff alive, assigned (as far as it knows) and
+    ``t < min(H, M) + heartbeat_timeout``, where H is the send time of the newest own heartbeat
+    read back and M the send time of the newest group request that proved membership (the
+    core uses offset commits; here the session heartbeat's acknowledgement), and no revoke
+    barrier is past its deadline (docs/protocol.md, "Leadership rule"). Times are the member's
+    own monotonic clock.
+    """
+
+    def __init__(self, sim: Simulation, proc: Proc, role: str) -> None:
+        self.sim = sim
+        self.proc = proc
+        self.role = role
+        self.name = proc.name
+        self.active = True
+        self.assigned = False
+        self.last_hb: int | None = None
+        self.last_ack_sent = -1
+        self.last_response_sent = -1
+        self.barrier_since: int | None = None
+        #: True while in-flight work must finish before a revoke is acknowledged.
+        self.busy = False
+        self.lead_since: int | None = None
+        self.released_at: int | None = None
+        self.belief_until: int | None = None
+        #: The task thread parked in acquire(), woken when this member starts leading.
+        self.waiter: Thread | None = None
+        #: The task thread parked in its watchdog, woken when leadership is lost.
+        self.watcher: Thread | None = None
+
+    def leader(self, t: int) -> bool:
+        if not self.proc.alive or not self.assigned or self.last_hb is None:
+            return False
+        cfg = self.sim.config
+        if t >= self._lease_end():
+            return False
+        return not (
+            self.barrier_since is not None and t > self.barrier_since + cfg.barrier_deadline
+        )
+
+    def _lease_end(self) -> int:
+        assert self.last_hb is not None
+        mutation = self.sim.config.mutation
+        if mutation == "no_self_fence":  # goNELI-like flag: leads while it thinks it is assigned
+            return 1 << 62
+        if mutation == "no_membership_proof":  # own heartbeats alone renew the lease
+            return self.last_hb + self.sim.config.heartbeat_timeout
+        return min(self.last_hb, self.last_ack_sent) + self.sim.config.heartbeat_timeout
+
+    def belief_end(self) -> int | None:
+        """When the most recent leadership belief ended (or will end if nothing renews it)."""
+        if self.belief_until is None:
+            return None
+        if self.proc.died_at >= 0:
+            return min(self.belief_until, self.proc.died_at)
+        return self.belief_until
+
+    def _note(self) -> None:
+        """Track where the current belief ends (for the handover-gap statistic)."""
+        now = self.sim.kernel.now
+        if self.leader(now):
+            end = self._lease_end()
+            if self.sim.config.mutation == "no_self_fence":
+                end = now
+            if self.barrier_since is not None:
+                end = min(end, self.barrier_since + self.sim.config.barrier_deadline)
+            self.belief_until = max(end, now)
+        elif self.belief_until is not None and self.belief_until > now:
+            self.belief_until = now
+
+    # -- the member's background loop (librdkafka's heartbeat thread plus NELI pulses) ----
+
+    def start(self) -> None:
+        self.sim.kernel.start(self.proc, self._loop(), "member")
+
+    def _loop(self) -> Gen:
+        cfg = self.sim.config
+        broker = self.sim.broker
+        while self.active:
+            try:
+                yield (CALL, broker.join, (self.role, self.name))
+                break
+            except KafkaUnavailableError:
+                yield (SLEEP, cfg.session_interval)
+        while self.active:
+            self._tick()
+            yield (SLEEP, cfg.session_interval)
+
+    def _tick(self) -> None:
+        """Every interval: a session heartbeat, and while assigned a NELI heartbeat; both go out
+        whatever happened to earlier ones, each as its own request."""
+        kernel = self.sim.kernel
+        now = kernel.now
+        kernel.send(self.proc, self.sim.broker.heartbeat, (self.role, self.name),
+                    self._on_session, now)
+        if self.assigned:
+            kernel.send(self.proc, self.sim.broker.neli_heartbeat, (self.role, self.name),
+                        self._on_neli, now)
+        self._check_barrier()
+        if self.watcher is not None and not self.leader(now):
+            kernel.wake(self.watcher)  # LeaderFenced reaches the watchdog
+
+    def _on_session(self, answer: Any, exc: BaseException | None, sent: int) -> None:
+        if exc is not None or not self.active or sent < self.last_response_sent:
+            return  # failed, or an older answer overtaken by a newer one
+        self.last_response_sent = sent
+        kernel = self.sim.kernel
+        now = kernel.now
+        before = self.leader(now)
+        if answer == UNKNOWN:
+            if self.assigned:
+                self._release("lost (session expired)")
+            kernel.send(self.proc, self.sim.broker.join, (self.role, self.name), _ignore)
+            return
+        assigned, revoke = answer
+        if assigned:
+            if not self.assigned:
+                self.assigned = True
+                self.last_hb = None
+                self.barrier_since = None
+                kernel.log(self.name, "assigned", self.role)
+                # Pulse at once on assignment rather than at the next tick.
+                kernel.send(self.proc, self.sim.broker.neli_heartbeat, (self.role, self.name),
+                            self._on_neli, now)
+            # Accepted while assigned: proof of membership at or after ``sent`` (a rebalance
+            # in progress proves it too, as REBALANCE_IN_PROGRESS does for the core).
+            self.last_ack_sent = sent
+            if revoke and self.barrier_since is None:
+                if before and self.busy:
+                    # Routine revoke while leading with work in flight: the barrier waits.
+                    self.barrier_since = now
+                    kernel.log(self.name, "revoke requested", "barrier starts")
+                else:
+                    # Nothing in flight, or not leading (e.g. lapsed during a pause): a member
+                    # asked to give the role up never takes it back; hand over now.
+                    self._release("revoked")
+                    kernel.send(self.proc, self.sim.broker.revoke_done, (self.role, self.name),
+                                _ignore)
+        elif self.assigned:
+            self._release("lost (partition moved)")
+        if not before and self.leader(now):
+            self.sim.on_leader(self)
+        elif before and not self.leader(now) and self.watcher is not None:
+            kernel.wake(self.watcher)
+        self._note()
+
+    def _check_barrier(self) -> None:
+        if self.barrier_since is None or not self.assigned:
+            return
+        now = self.sim.kernel.now
+        if self.busy and now <= self.barrier_since + self.sim.config.barrier_deadline:
+            return
+        # Barrier done (nothing in flight) or past its deadline (fenced first): hand over.
+        self._release("revoked" if not self.busy else "revoke barrier deadline: fenced")
+        self.sim.kernel.send(self.proc, self.sim.broker.revoke_done, (self.role, self.name),
+                             _ignore)
+
+    def _on_neli(self, ok: Any, exc: BaseException | None, sent: int) -> None:
+        if exc is not None or not self.active or not self.assigned:
+            return
+        now = self.sim.kernel.now
+        before = self.leader(now)
+        if self.last_hb is None or sent > self.last_hb:
+            self.last_hb = sent
+        if not before and self.leader(now):
+            self.sim.on_leader(self)
+        self._note()
+
+    def _release(self, why: str) -> None:
+        if self.assigned:
+            self.sim.kernel.log(self.name, "released", why)
+        self.assigned = False
+        self.barrier_since = None
+        self.released_at = self.sim.kernel.now
+        self._note()
+
+    # -- used by tasks --------------------------------------------------------------------
+
+    def acquire(self, timeout: int) -> Gen:
+        """Wait (parked) until this member leads, up to ``timeout``; returns whether it does."""
+        kernel = self.sim.kernel
+        deadline = kernel.now + timeout
+        main = self.proc.main
+        assert main is not None
+        if not self.leader(kernel.now):
+            self.waiter = main
+            kernel.wake_at(deadline, main)
+            while not self.leader(kernel.now):
+                if kernel.now >= deadline:
+                    self.waiter = None
+                    return False
+                yield (PARK,)
+            self.waiter = None
+        return True
+
+    def leave(self) -> Gen:
+        self._release("leave")
+        self.active = False
+        self.watcher = None
+        try:
+            yield (CALL, self.sim.broker.leave, (self.role, self.name))
+        except KafkaUnavailableError:
+            pass  # the session expires instead
+
+
+def _ignore(result: Any, exc: BaseException | None, *extra: Any) -> None:
+    pass
+
+
+class Work:
+    """The singleton job (spark-submit): a child process of the executor."""
+
+    __slots__ = (
+        "wid", "role", "run_key", "token", "proc", "fails", "killed", "done", "failed",
+        "finish_at",
+    )
+
+    def __init__(
+        self, wid: int, role: str, run_key: str, token: int, proc: Proc, fails: bool
+    ) -> None:
+        self.wid = wid
+        self.role = role
+        self.run_key = run_key
+        self.token = token
+        self.proc = proc
+        self.fails = fails
+        self.killed = False
+        self.done = False
+        self.failed = False
+        self.finish_at = 0
+
+
+@dataclasses.dataclass
+class StepFault:
+    deployment: str
+    label: str
+    occurrence: int
+    action: tuple[Any, ...]
+    fired: bool = False
+
+
+@dataclasses.dataclass
+class Stats:
+    """What happened in one schedule (summed over seeds by the runner)."""
+
+    fault_free: int = 0
+    events: int = 0
+    end_time: int = 0
+    works: int = 0
+    claims: int = 0
+    completed: int = 0
+    terminal_failed: int = 0
+    fenced_writes: int = 0
+    stale_sink_commits: int = 0
+    leader_gains: int = 0
+    faults: int = 0
+    min_handover_gap: int | None = None
+    #: Faults that fired, by kind (``crash@gate.begun``, ``cut``, ``outage``, ...).
+    fired: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def count(self, what: str) -> None:
+        self.faults += 1
+        self.fired[what] = self.fired.get(what, 0) + 1
+
+
+class Simulation:
+    """One seeded schedule: build, run, check. Raises :class:`Violation` on the first failure."""
+
+    def __init__(
+        self,
+        seed: int,
+        config: SimConfig | None = None,
+        *,
+        decide_fn: DecideFn | None = None,
+        check_claim_fn: CheckClaimFn | None = None,
+    ) -> None:
+        self.seed = seed
+        self.config = cfg = config or SimConfig()
+        self.kernel = kernel = Kernel(
+            seed,
+            min_delay=cfg.min_delay,
+            max_delay=cfg.max_delay,
+            request_timeout=cfg.request_timeout,
+            trace=cfg.trace,
+        )
+        rng = kernel.rng
+        self.decide: DecideFn = decide_fn or _mutated_decide(cfg.mutation)
+        self.check_claim: CheckClaimFn = check_claim_fn or check_claim
+        self.partitions = rng.choice(cfg.ledger_partitions)
+        self.broker = Broker(
+            kernel,
+            partitions=self.partitions,
+            session_timeout=cfg.session_timeout,
+            rebalance_timeout=cfg.rebalance_timeout,
+            transaction_timeout=cfg.transaction_timeout,
+        )
+        self.cache = ReplayCache(self.broker)
+        self.audit = WriteAudit()
+        self.audit.on_begin = self._on_begin
+        self.fault_free = rng.random() < cfg.fault_free_fraction
+        # Faulty schedules sometimes use a handoff window shorter than a pause, so live claims
+        # get taken over and executors meet superseded claims.
+        handoff = cfg.handoff_timeout
+        if not self.fault_free:
+            handoff = rng.choice((cfg.handoff_timeout, cfg.handoff_timeout // 4))
+        self.policy = DecisionPolicy(
+            handoff_timeout=handoff / 1000,
+            max_attempts=cfg.max_attempts,
+            max_clock_error=2 * cfg.clock_error / 1000,
+        )
+        n_deployments = rng.randint(*cfg.deployments)
+        immortal = rng.randrange(n_deployments)
+        self.deployments = [
+            Deployment(
+                f"d{i}", i, rng.randint(-cfg.clock_error, cfg.clock_error), i == immortal
+            )
+            for i in range(n_deployments)
+        ]
+        self.immortal = self.deployments[immortal]
+        self.roles = [f"role{r}" for r in range(rng.randint(*cfg.roles))]
+        self.run_keys = [
+            (role, f"2013-01-0{k + 1}")
+            for role in self.roles
+            for k in range(rng.randint(*cfg.run_keys_per_role))
+        ]
+        self.work_fail_prob = 0.0 if self.fault_free else rng.choice((0.0, 0.2, 0.5))
+        self.orphan_prob = 0.5
+        self.members: dict[str, list[Member]] = {role: [] for role in self.roles}
+        self.past_belief_end: dict[str, int] = {}
+        self.done: dict[tuple[str, str, str], bool] = {}
+        self.procs: list[Proc] = []
+        self.step_faults: list[StepFault] = []
+        self.stats = Stats(fault_free=int(self.fault_free))
+        self.works: dict[int, Work] = {}
+        self.work_of_proc: dict[int, Work] = {}
+        self.work_starts: dict[tuple[str, str], int] = {}
+        #: Deployments that claimed each run key, with how often.
+        self.claimers: dict[tuple[str, str], dict[str, int]] = {}
+        self.sink: dict[tuple[str, str], tuple[int, int]] = {}
+        self.completed: dict[tuple[str, str], int] = {}
+        self.max_claim_token: dict[str, int] = {}
+        self.key_claim_token: dict[tuple[str, str], int] = {}
+        self.begin_seq: dict[str, int] = {}
+        self.step_counts: dict[tuple[str, str], int] = {}
+        self.broker.on_commit = self._on_commit
+        kernel.on_step = self._on_step
+        self._plan_faults()
+
+    # -- clocks and helpers ---------------------------------------------------------------
+
+    def wall(self, proc: Proc) -> float:
+        """The wall clock of the process's host, epoch seconds (bounded error per deployment)."""
+        return (1_700_000_000_000 + self.kernel.now + proc.deployment.clock_offset) / 1000
+
+    def log(self, who: str, event: str, detail: str = "") -> None:
+        self.kernel.log(who, event, detail)
+
+    def fail(self, invariant: str, message: str) -> None:
+        self.log("checker", f"VIOLATION {invariant}", message)
+        raise Violation(invariant, message)
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def _plan_faults(self) -> None:
+        rng = self.kernel.rng
+        cfg = self.config
+        kernel = self.kernel
+        clocks = ", ".join(f"{d.name} {d.clock_offset:+d} ms" for d in self.deployments)
+        self.log("plan", "deployments", f"{clocks}; immortal {self.immortal.name}")
+        self.log(
+            "plan", "runs",
+            f"{', '.join(f'{r}/{k}' for r, k in self.run_keys)}; {self.partitions} ledger"
+            f" partition(s); handoff {self.policy.handoff_timeout} s; work fails with p="
+            f"{self.work_fail_prob}",
+        )
+        if self.fault_free:
+            self.log("plan", "fault-free schedule")
+            return
+        horizon = cfg.fault_horizon
+        for dep in self.deployments:
+            if dep.immortal:
+                continue
+            for _ in range(rng.choice((0, 1, 1, 2))):
+                label = rng.choice(GATE_STEPS + EXEC_STEPS)
+                roll = rng.random()
+                if label in WRITE_STEPS and roll < 0.25:
+                    action: tuple[Any, ...] = ("midway",)
+                elif roll < 0.6:
+                    action = ("crash",)
+                else:
+                    action = ("pause", rng.randint(100, 3 * cfg.session_timeout))
+                fault = StepFault(dep.name, label, rng.randint(1, 2), action)
+                self.step_faults.append(fault)
+                self.log("plan", "step fault", f"{dep.name} {label} #{fault.occurrence} {action}")
+            # Cuts of one deployment are spaced by more than a session timeout: a deployment
+            # reaches the whole cluster or none of it (the stated network assumption).
+            t = 0
+            for _ in range(rng.choice((0, 0, 1, 2))):
+                t += rng.randint(cfg.session_timeout + 1, horizon // 2)
+                duration = rng.randint(100, 3 * cfg.session_timeout)
+                kernel.at(t, self._cut, dep, duration)
+                t += duration
+            for _ in range(rng.choice((0, 1, 2))):
+                kernel.at(
+                    rng.randint(0, horizon), self._pause_some, dep,
+                    rng.randint(100, 3 * cfg.session_timeout),
+                )
+            if rng.random() < 0.1:
+                down_for = rng.choice((None, rng.randint(1000, 4 * cfg.session_timeout)))
+                kernel.at(rng.randint(0, horizon), self._outage, dep, down_for)
+        for role in self.roles:
+            for _ in range(rng.choice((0, 0, 1, 2))):
+                kernel.at(rng.randint(0, horizon), self._force_rebalance, role)
+
+    def _on_step(self, proc: Proc, label: str) -> tuple[Any, ...] | None:
+        for fault in self.step_faults:
+            if (
+                not fault.fired
+                and fault.deployment == proc.deployment.name
+                and fault.label == label
+            ):
+                count = self._step_count(proc.deployment.name, label)
+                if count == fault.occurrence:
+                    fault.fired = True
+                    self.stats.count(f"{fault.action[0]}@{label}")
+                    self.log(proc.name, f"fault at {label}", str(fault.action))
+                    return fault.action
+        return None
+
+    def _step_count(self, deployment: str, label: str) -> int:
+        key = (deployment, label)
+        count = self.step_counts.get(key, 0) + 1
+        self.step_counts[key] = count
+        return count
+
+    def _cut(self, dep: Deployment, duration: int) -> None:
+        self.stats.count("network cut")
+        dep.cut_until = self.kernel.now + duration
+        self.log(dep.name, "network cut", f"for {duration} ms")
+
+    def _pause_some(self, dep: Deployment, duration: int) -> None:
+        live = [p for p in self.procs if p.alive and p.deployment is dep and not p.paused]
+        if live:
+            self.stats.count("random pause")
+            self.kernel.pause(live[self.kernel.rng.randrange(len(live))], duration)
+
+    def _outage(self, dep: Deployment, down_for: int | None) -> None:
+        if dep.down:
+            return
+        self.stats.count("outage" if down_for is not None else "permanent outage")
+        dep.down = True
+        self.log(dep.name, "OUTAGE", "for ever" if down_for is None else f"for {down_for} ms")
+        for proc in self.procs:
+            if proc.alive and proc.deployment is dep:
+                self.kernel.crash(proc, "deployment outage")
+        if down_for is not None:
+            self.kernel.after(down_for, self._recover, dep)
+
+    def _recover(self, dep: Deployment) -> None:
+        dep.down = False
+        self.log(dep.name, "RECOVERED")
+        self._start_scheduler(dep)
+
+    def _force_rebalance(self, role: str) -> None:
+        if self.broker.force_rebalance(role):
+            self.stats.count("forced rebalance")
+
+    # -- processes ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for dep in self.deployments:
+            self._start_scheduler(dep)
+
+    def _start_scheduler(self, dep: Deployment) -> None:
+        proc = self.kernel.spawn(f"{dep.name}.scheduler", dep, "scheduler")
+        self.procs.append(proc)
+        for role, run_key in self.run_keys:
+            if not self.done.get((dep.name, role, run_key)):
+                box: list[Thread] = []
+                box.append(self.kernel.start(proc, self._driver(dep, role, run_key, box), "dag"))
+
+    def _spawn_task(
+        self, dep: Deployment, kind: str, role: str, run_key: str, token: int | None,
+        waiter: Thread,
+    ) -> Proc:
+        proc = self.kernel.spawn(f"{dep.name}.{kind}", dep, kind)
+        self.procs.append(proc)
+        member = Member(self, proc, role)
+        self.members[role].append(member)
+        store = SimLedgerStore(
+            self.broker, self.cache, self.audit, proc,
+            partitions=self.partitions, fence=self.config.mutation != "no_fencing",
+        )
+        if kind == "gate":
+            body = self._gate(proc, member, store, role, run_key)
+        else:
+            assert token is not None
+            body = self._executor(proc, member, store, role, run_key, token)
+
+        def on_exit(p: Proc, how: str, value: Any) -> None:
+            if how == "crashed":
+                self._on_task_crash(p)
+            self.kernel.wake(waiter, (how, value))
+
+        proc.on_exit = on_exit
+        member.start()
+        self.kernel.start(proc, body, "main", main=True)
+        return proc
+
+    def _driver(self, dep: Deployment, role: str, run_key: str, box: list[Thread]) -> Gen:
+        """The orchestrator's DAG run of one run key in one deployment: gate, then executor."""
+        cfg = self.config
+        rng = self.kernel.rng
+        key = (dep.name, role, run_key)
+        while True:
+            self._spawn_task(dep, "gate", role, run_key, None, box[0])
+            how, result = yield (PARK,)
+            if how == "exited" and result[0] == "decided":
+                outcome, token = result[1], result[2]
+                if outcome in (Outcome.SKIP_DONE, Outcome.GIVE_UP):
+                    self.done[key] = True
+                    self.log(f"{dep.name}.scheduler", "dag run done", f"{role}/{run_key} {outcome}")
+                    return
+                if outcome is Outcome.WAIT:
+                    yield (SLEEP, cfg.wait_poll)
+                    continue
+                yield (SLEEP, rng.randint(*cfg.scheduler_delay))
+                # The executor task; a failed one is retried on its own (same token, as an
+                # orchestrator's task retry does) or the DAG run is cleared back to the gate.
+                while True:
+                    self._spawn_task(dep, "executor", role, run_key, token, box[0])
+                    how, result = yield (PARK,)
+                    if how == "exited" and result[0] == "completed":
+                        self.done[key] = True
+                        self.log(f"{dep.name}.scheduler", "dag run done", f"{role}/{run_key} ran")
+                        return
+                    if (how == "exited" and result[0] == "refused") or rng.random() < 0.5:
+                        break
+                    yield (SLEEP, rng.randint(*cfg.retry_delay))
+            yield (SLEEP, rng.randint(*cfg.retry_delay))
+
+    def _gate(self, proc: Proc, member: Member, store: SimLedgerStore, role: str,
+              run_key: str) -> Gen:
+        """LeaderGateOperator / Singleton.reserve: decide and record CLAIMED."""
+        me = Claimant(proc.deployment.name, member.name)
+        kernel = self.kernel
+        result: tuple[Any, ...] = ("timeout",)
+        if (yield from member.acquire(self.config.acquire_timeout)):
+            try:
+                yield (STEP, "gate.leading")
+                writer = yield (CALL, store.begin, (role,))
+                yield (STEP, "gate.begun")
+                replay = yield (CALL, writer.replay, ())
+                yield (STEP, "gate.replayed")
+                self._check_leader(member, role)
+                now = self.wall(proc)
+                decision = self.decide(replay.latest(run_key), me, now=now, policy=self.policy)
+                self.log(proc.name, f"decide {decision.outcome}", f"{run_key}: {decision.reason}")
+                token = None
+                if decision.writes:
+                    record = self._claim(decision, replay, run_key, me, now, RunState.CLAIMED)
+                    yield (STEP, "gate.decided")
+                    self._check_leader(member, role)
+                    yield (CALL, self._write, (writer, record, "claim"))
+                    token = record.token
+                    yield (STEP, "gate.claimed")
+                result = ("decided", decision.outcome, token)
+            except FencedError as exc:
+                result = ("fenced",)
+                self.log(proc.name, "fenced", str(exc))
+            except KafkaUnavailableError as exc:
+                result = ("unavailable",)
+                self.log(proc.name, "unavailable", str(exc))
+        else:
+            self.log(proc.name, "acquire timeout", role)
+        yield from member.leave()
+        kernel.log(proc.name, "exit", str(result))
+        return result
+
+    def _claim(self, decision: Decision, replay: Replay, run_key: str, me: Claimant,
+               now: float, state: RunState) -> LedgerRecord:
+        try:
+            record = claim_record(
+                decision, replay, run_key=run_key, me=me, now=now, policy=self.policy, state=state
+            )
+        except LedgerError as exc:
+            self.fail("S3", f"token rule refused a claim: {exc}")
+            raise
+        if self.config.mutation == "token_reuse" and decision.latest is not None:
+            record = dataclasses.replace(record, token=decision.latest.token)
+        return record
+
+    def _check_leader(self, member: Member, role: str) -> None:
+        """``run.check()``: raise FencedError once this member no longer leads."""
+        if not member.leader(self.kernel.now):
+            raise FencedError(f"{member.name} no longer leads {role}", role=role)
+
+    def _executor(self, proc: Proc, member: Member, store: SimLedgerStore, role: str,
+                  run_key: str, token: int) -> Gen:
+        """The fenced executor (split form, Singleton.execute): verify, RUNNING, work, finish."""
+        me = Claimant(proc.deployment.name, member.name)
+        cfg = self.config
+        kernel = self.kernel
+        result: tuple[Any, ...] = ("timeout",)
+        work: Work | None = None
+        if (yield from member.acquire(cfg.acquire_timeout)):
+            try:
+                yield (STEP, "exec.leading")
+                writer = yield (CALL, store.begin, (role,))
+                yield (STEP, "exec.begun")
+                replay = yield (CALL, writer.replay, ())
+                yield (STEP, "exec.replayed")
+                latest = replay.latest(run_key)
+                check = self.check_claim(token, latest, me)
+                if cfg.mutation == "no_claim_check":
+                    check = ClaimCheck(ClaimStatus.OURS, "mutation: not checked", latest)
+                self.log(proc.name, f"check claim {check.status}", f"{run_key}: {check.reason}")
+                now = self.wall(proc)
+                running: LedgerRecord | None = None
+                kind = "advance"
+                if check.ok:
+                    if latest is not None and latest.token == token and (
+                        latest.state is RunState.CLAIMED
+                    ):
+                        running = latest.advance(RunState.RUNNING, at=now, member=me.member)
+                    else:  # only reachable under the no_claim_check mutation
+                        running = LedgerRecord(
+                            role, run_key, RunState.RUNNING, token, me.deployment, me.member,
+                            1, now,
+                        )
+                elif check.status in (ClaimStatus.INTERRUPTED, ClaimStatus.FAILED):
+                    # As Singleton.execute: our claim started and lost leadership, or failed;
+                    # decide again, and a re-run takes a new token (RUNNING at once).
+                    decision = self.decide(latest, me, now=now, policy=self.policy)
+                    self.log(proc.name, f"decide {decision.outcome}", decision.reason)
+                    if decision.claims:
+                        running = self._claim(decision, replay, run_key, me, now, RunState.RUNNING)
+                        kind = "claim"
+                if running is None:
+                    result = ("refused", check.status)
+                else:
+                    token = running.token
+                    yield (STEP, "exec.verified")
+                    self._check_leader(member, role)
+                    yield (CALL, self._write, (writer, running, kind))
+                    yield (STEP, "exec.running")
+                    work = self._start_work(proc, role, run_key, token)
+                    member.busy = True
+                    yield (STEP, "exec.work_started")
+                    member.watcher = proc.main
+                    while not work.done:
+                        self._check_leader(member, role)  # the watchdog
+                        yield (PARK,)  # woken by the work's end or by lost leadership
+                    member.watcher = None
+                    # Still busy: recording the outcome is part of the in-flight work the
+                    # revoke barrier waits for.
+                    yield (STEP, "exec.work_done")
+                    now = self.wall(proc)
+                    if work.failed:
+                        final = running.advance(
+                            RunState.FAILED, at=now, reason="work raised",
+                            handoff_deadline=now + self.policy.handoff_timeout,
+                        )
+                    else:
+                        final = running.advance(RunState.COMPLETED, at=now)
+                    self._check_leader(member, role)
+                    yield (CALL, self._write, (writer, final, "advance"))
+                    yield (STEP, "exec.finished")
+                    result = ("failed",) if work.failed else ("completed",)
+            except FencedError as exc:
+                result = ("fenced",)
+                self.log(proc.name, "fenced", str(exc))
+            except KafkaUnavailableError as exc:
+                result = ("unavailable",)
+                self.log(proc.name, "unavailable", str(exc))
+            if work is not None and not work.done and not work.killed:
+                work.killed = True  # fence callbacks kill spark-submit
+                self.log(proc.name, "killed work", f"token {work.token}")
+        else:
+            self.log(proc.name, "acquire timeout", role)
+        member.busy = False
+        yield from member.leave()
+        kernel.log(proc.name, "exit", str(result))
+        return result
+
+    def _start_work(self, proc: Proc, role: str, run_key: str, token: int) -> Work:
+        rng = self.kernel.rng
+        work = Work(
+            len(self.works) + 1, role, run_key, token, proc,
+            rng.random() < self.work_fail_prob,
+        )
+        self.works[work.wid] = work
+        self.work_of_proc[proc.pid] = work
+        key = (role, run_key)
+        self.work_starts[key] = self.work_starts.get(key, 0) + 1
+        self.stats.works += 1
+        self.log(proc.name, "work starts", f"{role}/{run_key} token {token} (work {work.wid})")
+        work.finish_at = self.kernel.now + rng.randint(*self.config.work_duration)
+        self.kernel.at(work.finish_at, self._finish_work, work)
+        return work
+
+    def _on_task_crash(self, proc: Proc) -> None:
+        work = self.work_of_proc.get(proc.pid)
+        if work is None or work.done or work.killed:
+            return
+        rng = self.kernel.rng
+        if rng.random() < self.orphan_prob:
+            # An orphaned spark-submit keeps running, and may hang a while before it finishes
+            # and tries to publish with its old token.
+            work.finish_at += rng.randint(0, 4 * self.config.session_timeout)
+            self.kernel.at(work.finish_at, self._finish_work, work)
+            self.stats.count("orphaned work")
+            self.log(proc.name, "work orphaned", f"work {work.wid} keeps running")
+        else:
+            work.killed = True
+
+    def _finish_work(self, work: Work) -> None:
+        if work.killed or work.done or self.kernel.now != work.finish_at:
+            return
+        work.done = True
+        if work.proc.main is not None:
+            self.kernel.wake(work.proc.main)
+        if work.fails:
+            work.failed = True
+            self.log(f"work{work.wid}", "work raised", f"token {work.token}")
+            return
+        self._sink_commit(work)
+
+    # -- the token-checked sink (neli_orchestrate.spark.commit's rule) --------------------
+
+    def _sink_commit(self, work: Work) -> None:
+        key = (work.role, work.run_key)
+        current = self.sink.get(key)
+        if current is not None and work.token < current[0]:
+            self.stats.stale_sink_commits += 1
+            self.log(
+                f"work{work.wid}", "sink refused",
+                f"StaleTokenError: token {work.token} < committed {current[0]}",
+            )
+            work.failed = True
+            return
+        if current is not None and work.token == current[0]:
+            self.log(f"work{work.wid}", "sink no-op", f"token {work.token} already published")
+            return
+        completed = self.completed.get(key)
+        if completed is not None:
+            self.fail(
+                "S3",
+                f"{work.role}/{work.run_key} output replaced by token {work.token} after"
+                f" COMPLETED with token {completed}",
+            )
+        self.sink[key] = (work.token, work.wid)
+        self.log(f"work{work.wid}", "sink published", f"{work.role}/{work.run_key} t{work.token}")
+
+    # -- ledger writes and their checks ---------------------------------------------------
+
+    def _on_begin(self, writer: SimLedgerWriter) -> None:
+        seq = self.begin_seq.get(writer.tid, 0) + 1
+        self.begin_seq[writer.tid] = seq
+        writer.begin_seq = seq
+
+    def _write(self, writer: SimLedgerWriter, record: LedgerRecord, kind: str) -> None:
+        """Runs at the broker: the seam's write, then S2/S3 checks on what was committed."""
+        try:
+            writer.write(record)
+        except FencedError:
+            self.stats.fenced_writes += 1
+            self.log(writer.proc.name, "write fenced", f"{record.state} t{record.token}")
+            raise
+        self.log(
+            writer.proc.name, f"wrote {record.state}",
+            f"{record.role}/{record.run_key} t{record.token} a{record.attempt}",
+        )
+        if writer.begin_seq < self.begin_seq.get(writer.tid, 0):
+            self.fail(
+                "S2",
+                f"{writer.proc.name} wrote {record.state} t{record.token} after a newer begin"
+                f" (its begin #{writer.begin_seq}, latest #{self.begin_seq[writer.tid]})",
+            )
+        key = (record.role, record.run_key)
+        if kind == "claim":
+            self.stats.claims += 1
+            claimers = self.claimers.setdefault(key, {})
+            claimers[record.deployment] = claimers.get(record.deployment, 0) + 1
+            highest = self.max_claim_token.get(record.role, -1)
+            if record.token <= highest:
+                self.fail(
+                    "S3",
+                    f"claim token {record.token} of {record.role} not above the previous"
+                    f" claim token {highest}",
+                )
+            self.max_claim_token[record.role] = record.token
+            self.key_claim_token[key] = record.token
+        elif record.token != self.key_claim_token.get(key):
+            self.fail(
+                "S3",
+                f"{writer.proc.name} recorded {record.state} for {record.role}/{record.run_key}"
+                f" under token {record.token}, but the run key's current claim is"
+                f" {self.key_claim_token.get(key)}",
+            )
+
+    def _on_commit(self, partition: int, entries: list[Any]) -> None:
+        for entry in entries:
+            if entry.value is None:
+                continue
+            record = LedgerRecord.decode(entry.value, key=entry.key, offset=entry.offset)
+            if record is None or record.state is not RunState.COMPLETED:
+                continue
+            key = (record.role, record.run_key)
+            if key in self.completed:
+                self.fail(
+                    "S3",
+                    f"second COMPLETED for {record.role}/{record.run_key}: token"
+                    f" {self.completed[key]} then {record.token}",
+                )
+            self.completed[key] = record.token
+            self.stats.completed += 1
+            published = self.sink.get(key)
+            if published is None or published[0] != record.token:
+                self.fail(
+                    "S3",
+                    f"COMPLETED {record.role}/{record.run_key} with token {record.token} but the"
+                    f" sink holds {published}",
+                )
+
+    # -- S1 -------------------------------------------------------------------------------
+
+    def on_leader(self, member: Member) -> None:
+        now = self.kernel.now
+        self.stats.leader_gains += 1
+        member.lead_since = now
+        self.log(member.name, "LEADS", member.role)
+        if member.waiter is not None:
+            self.kernel.wake(member.waiter)
+        latest_end = self.past_belief_end.get(member.role)
+        keep = []
+        for other in self.members[member.role]:
+            end = other.belief_end()
+            if other is not member:
+                if other.leader(now):
+                    self.fail(
+                        "S1",
+                        f"{member.name} and {other.name} both lead {member.role} at {now} ms",
+                    )
+                if end is not None and (latest_end is None or end > latest_end):
+                    latest_end = end
+            if (other.active and other.proc.alive) or (end is not None and end >= now):
+                keep.append(other)
+            elif end is not None:
+                # Gone for good: remember only when its last belief ended.
+                past = self.past_belief_end.get(member.role)
+                self.past_belief_end[member.role] = end if past is None else max(past, end)
+        self.members[member.role] = keep
+        if latest_end is not None:
+            gap = now - latest_end
+            if self.stats.min_handover_gap is None or gap < self.stats.min_handover_gap:
+                self.stats.min_handover_gap = gap
+
+    # -- run and final checks -------------------------------------------------------------
+
+    def run(self) -> Stats:
+        self.start()
+        self.kernel.run(self.config.time_limit)
+        self.stats.events = self.kernel.events
+        self.stats.end_time = self.kernel.now
+        self._final_checks()
+        return self.stats
+
+    def _latest_records(self) -> dict[tuple[str, str], LedgerRecord | None]:
+        latest: dict[tuple[str, str], LedgerRecord | None] = {}
+        for role in self.roles:
+            replay = self.cache.replay(role, _partition(self, role), fenced=False)
+            for r, run_key in self.run_keys:
+                if r == role:
+                    latest[(role, run_key)] = replay.latest(run_key)
+        return latest
+
+    def _final_checks(self) -> None:
+        for log in self.broker.logs:
+            if log.last_stable_offset < log.high_watermark:
+                self.fail("L1", "a transaction is still open at the end of the schedule")
+        latest = self._latest_records()
+        for (role, run_key), record in latest.items():
+            if not is_terminal(record, self.policy):
+                state = "no record" if record is None else f"{record.state} t{record.token}"
+                self.fail(
+                    "L1",
+                    f"{role}/{run_key} ended as {state}, not COMPLETED or terminally FAILED"
+                    f" (deployment {self.immortal.name} stayed up)",
+                )
+            if record is not None and record.state is RunState.FAILED:
+                self.stats.terminal_failed += 1
+        for role, run_key in self.run_keys:
+            if not self.done.get((self.immortal.name, role, run_key)):
+                self.fail(
+                    "L1", f"{self.immortal.name} never finished its DAG run of {role}/{run_key}"
+                )
+        if self.fault_free:
+            # Exactly once, and without thrashing: one deployment claims each run key (it may
+            # claim again itself when its executor could not get leadership in time).
+            for key in self.run_keys:
+                starts = self.work_starts.get(key, 0)
+                claimers = self.claimers.get(key, {})
+                record = latest[key]
+                if starts != 1 or len(claimers) != 1 or record is None or (
+                    record.state is not RunState.COMPLETED
+                ):
+                    self.fail(
+                        "S4",
+                        f"fault-free schedule: {key[0]}/{key[1]} executed {starts} time(s),"
+                        f" claimed by {claimers}, ended {record and record.state}",
+                    )
+        committed = sum(
+            1 for log in self.broker.logs for e in log.entries
+            if e.kind == DATA and e.status == COMMITTED
+        )
+        self.log("checker", "ok", f"{committed} committed ledger records")
+
+
+def _partition(sim: Simulation, role: str) -> int:
+    from neli_orchestrate.ledger import role_partition
+
+    return role_partition(role, sim.partitions)
+
+
+def _mutated_decide(mutation: str | None) -> DecideFn:
+    if mutation == "ignore_completed":
+
+        def ignore_completed(latest: LedgerRecord | None, me: Claimant, *, now: float,
+                             policy: DecisionPolicy) -> Decision:
+            decision = decide(latest, me, now=now, policy=policy)
+            if decision.outcome is Outcome.SKIP_DONE:
+                return Decision(Outcome.TAKE_OVER, "mutation: ignore COMPLETED", latest,
+                                attempt=decision.attempt + 1)
+            return decision
+
+        return ignore_completed
+    if mutation == "run_on_wait":
+
+        def run_on_wait(latest: LedgerRecord | None, me: Claimant, *, now: float,
+                        policy: DecisionPolicy) -> Decision:
+            decision = decide(latest, me, now=now, policy=policy)
+            if decision.outcome is Outcome.WAIT:
+                return Decision(Outcome.TAKE_OVER, "mutation: run on WAIT", latest,
+                                attempt=decision.attempt)
+            return decision
+
+        return run_on_wait
+    return decide

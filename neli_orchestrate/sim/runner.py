@@ -1,0 +1,201 @@
+"""Run seeds (in parallel), collect failures with their traces, replay one seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from neli_orchestrate.sim.config import SimConfig
+from neli_orchestrate.sim.kernel import TraceEntry, Violation
+from neli_orchestrate.sim.model import CheckClaimFn, DecideFn, Simulation, Stats
+
+
+@dataclasses.dataclass
+class SeedResult:
+    """Outcome of one seed. ``invariant`` is None when every check passed."""
+
+    seed: int
+    invariant: str | None
+    message: str
+    stats: Stats
+    trace: list[TraceEntry]
+
+    @property
+    def ok(self) -> bool:
+        return self.invariant is None
+
+    def report(self) -> str:
+        """The seed, the broken invariant and the whole trace, ready to print."""
+        head = f"seed {self.seed}: " + ("ok" if self.ok else f"{self.invariant} violated")
+        lines = [head]
+        if not self.ok:
+            lines.append(self.message)
+        lines.append(format_trace(self.trace))
+        if not self.ok:
+            lines.append(f"replay: python -m neli_orchestrate.sim --seed {self.seed} --trace")
+        return "\n".join(lines)
+
+
+def format_trace(trace: Sequence[TraceEntry]) -> str:
+    """One line per trace entry: time, actor, event, detail."""
+    return "\n".join(
+        f"{t:>8} ms  {actor:<24} {event:<26} {detail}" for t, actor, event, detail in trace
+    )
+
+
+def run_seed(
+    seed: int,
+    config: SimConfig | None = None,
+    *,
+    decide_fn: DecideFn | None = None,
+    check_claim_fn: CheckClaimFn | None = None,
+) -> SeedResult:
+    """Run one seeded schedule and check every invariant; never raises for a violation."""
+    config = config or SimConfig()
+    sim = Simulation(seed, config, decide_fn=decide_fn, check_claim_fn=check_claim_fn)
+    try:
+        stats = sim.run()
+        return SeedResult(seed, None, "", stats, sim.kernel.trace)
+    except Violation as violation:
+        sim.stats.events = sim.kernel.events
+        sim.stats.end_time = sim.kernel.now
+        return SeedResult(seed, violation.invariant, violation.message, sim.stats, sim.kernel.trace)
+    except Exception:  # noqa: BLE001 - a crash of the model is a failure of the seed too
+        sim.kernel.log("checker", "MODEL ERROR", traceback.format_exc())
+        return SeedResult(seed, "ERROR", traceback.format_exc(), sim.stats, sim.kernel.trace)
+
+
+@dataclasses.dataclass
+class Summary:
+    """Totals over many seeds; ``failures`` holds (seed, invariant, message) of failing seeds."""
+
+    seeds: int = 0
+    failures: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)
+    fault_free: int = 0
+    events: int = 0
+    works: int = 0
+    claims: int = 0
+    completed: int = 0
+    terminal_failed: int = 0
+    fenced_writes: int = 0
+    stale_sink_commits: int = 0
+    leader_gains: int = 0
+    faults: int = 0
+    min_handover_gap: int | None = None
+    fired: dict[str, int] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    #: CPU time the workers spent (independent of other load on the machine).
+    cpu_seconds: float = 0.0
+    workers: int = 1
+
+    def add(self, seed: int, result: SeedResult) -> None:
+        self.seeds += 1
+        if not result.ok:
+            self.failures.append((seed, result.invariant or "", result.message))
+        stats = result.stats
+        for name in (
+            "fault_free", "events", "works", "claims", "completed", "terminal_failed",
+            "fenced_writes", "stale_sink_commits", "leader_gains", "faults",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
+        gap = stats.min_handover_gap
+        if gap is not None and (self.min_handover_gap is None or gap < self.min_handover_gap):
+            self.min_handover_gap = gap
+        for what, n in stats.fired.items():
+            self.fired[what] = self.fired.get(what, 0) + n
+
+    def merge(self, other: Summary) -> None:
+        self.seeds += other.seeds
+        self.cpu_seconds += other.cpu_seconds
+        self.failures.extend(other.failures)
+        for name in (
+            "fault_free", "events", "works", "claims", "completed", "terminal_failed",
+            "fenced_writes", "stale_sink_commits", "leader_gains", "faults",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        gap = other.min_handover_gap
+        if gap is not None and (self.min_handover_gap is None or gap < self.min_handover_gap):
+            self.min_handover_gap = gap
+        for what, n in other.fired.items():
+            self.fired[what] = self.fired.get(what, 0) + n
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def text(self) -> str:
+        rate = self.seeds / self.seconds if self.seconds else 0.0
+        lines = [
+            f"{self.seeds} seeds in {self.seconds:.1f} s on {self.workers} worker(s)"
+            f" ({rate:.0f} seeds/s; {self.cpu_seconds:.1f} CPU s,"
+            f" {1000 * self.cpu_seconds / max(1, self.seeds):.1f} ms per seed),"
+            f" {len(self.failures)} failing",
+            f"  fault-free schedules {self.fault_free}, faults injected {self.faults},"
+            f" events {self.events}",
+            f"  claims {self.claims}, work executions {self.works}, COMPLETED {self.completed},"
+            f" terminally FAILED {self.terminal_failed}",
+            f"  ledger writes refused by fencing {self.fenced_writes}, stale sink commits"
+            f" refused {self.stale_sink_commits}",
+            f"  leadership acquisitions {self.leader_gains}, smallest handover gap"
+            f" {self.min_handover_gap} ms (S1 margin: > 0 means no overlap)",
+        ]
+        if self.fired:
+            kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.fired.items()))
+            lines.append(f"  faults by kind: {kinds}")
+        for seed, invariant, message in self.failures[:20]:
+            lines.append(f"  FAIL seed {seed}: {invariant}: {message}")
+        return "\n".join(lines)
+
+
+def _run_chunk(args: tuple[list[int], SimConfig, bool]) -> Summary:
+    seeds, config, stop_at_first = args
+    summary = Summary()
+    quiet = dataclasses.replace(config, trace=False)
+    started = time.process_time()
+    for seed in seeds:
+        sim_result = run_seed(seed, quiet)
+        summary.add(seed, sim_result)
+        if stop_at_first and not sim_result.ok:
+            break
+    summary.cpu_seconds = time.process_time() - started
+    return summary
+
+
+def run_seeds(
+    seeds: Iterable[int],
+    config: SimConfig | None = None,
+    *,
+    workers: int | None = None,
+    stop_at_first: bool = False,
+) -> Summary:
+    """Run many seeds, in ``workers`` processes (default: CPU count), without traces.
+
+    Replay a failing seed with :func:`run_seed` (trace on) to see what happened: a seed
+    always produces the same schedule.
+    """
+    config = config or SimConfig()
+    seed_list = list(seeds)
+    workers = workers or os.cpu_count() or 1
+    workers = max(1, min(workers, len(seed_list) or 1))
+    started = time.perf_counter()
+    summary = Summary()
+    if workers == 1:
+        summary.merge(_run_chunk((seed_list, config, stop_at_first)))
+    else:
+        size = max(1, min(250, len(seed_list) // (workers * 4) or 1))
+        chunks = [seed_list[i:i + size] for i in range(0, len(seed_list), size)]
+        context = multiprocessing.get_context("fork")
+        with context.Pool(workers) as pool:
+            for part in pool.imap(_run_chunk, [(c, config, stop_at_first) for c in chunks]):
+                summary.merge(part)
+                if stop_at_first and part.failures:
+                    pool.terminate()
+                    break
+    summary.failures.sort()
+    summary.seconds = time.perf_counter() - started
+    summary.workers = workers
+    return summary

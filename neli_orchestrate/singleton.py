@@ -1,0 +1,639 @@
+"""Run each run of a singleton role exactly once across deployments: lead, fence, decide, run.
+
+Usage::
+
+    singleton = Singleton(SingletonConfig(neli=NeliConfig(bootstrap_servers="127.0.0.1:9092",
+                                                          group_id="acme.neli"),
+                                          deployment="us-east-1"))
+    with singleton.claim(role="daily_flights", run_key="2013-01-05") as run:
+        if run.should_run:
+            build_table(token=run.token)     # leaving the block records COMPLETED
+
+The steps of one claim (DESIGN.md, layer 3): become leader of the role's NELI group → begin the
+role's transactional ledger writer (``init_transactions()`` fences every earlier leader at the
+broker) → replay the ledger → apply the decision table (:mod:`neli_orchestrate.decision`) →
+write the claim with a new, larger token → run the work while a watchdog thread keeps the
+member polled → record ``COMPLETED`` or ``FAILED`` → close the member, so the next deployment
+does not wait for a session timeout.
+
+The split form serves orchestrators whose gate and work run in different processes (Airflow):
+:meth:`Singleton.reserve` writes ``CLAIMED`` with a handoff deadline and releases leadership;
+:meth:`Singleton.execute` re-acquires it, checks that the claim is still ours, and runs.
+
+.. note:: Exactly-once holds for the ledger and for token-checked sinks. A job that writes
+   elsewhere must be idempotent for the narrow windows described in ``docs/guarantees.md``
+   (e.g. a fence that arrives after the external write but before ``COMPLETED`` is recorded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
+from neli_orchestrate.decision import (
+    Claimant,
+    ClaimStatus,
+    Decision,
+    DecisionPolicy,
+    FailedRetry,
+    Outcome,
+    check_claim,
+    claim_record,
+    decide,
+)
+from neli_orchestrate.errors import (
+    AcquireTimeoutError,
+    ConfigError,
+    FencedError,
+    SkippedRun,
+)
+from neli_orchestrate.ledger import (
+    DEFAULT_LEDGER_TOPIC,
+    KafkaLedger,
+    KafkaLedgerConfig,
+    LedgerRecord,
+    LedgerStore,
+    LedgerWriter,
+    RunState,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+__all__ = ["Reservation", "Run", "Singleton", "SingletonConfig"]
+
+
+@dataclass(frozen=True)
+class SingletonConfig:
+    """How a deployment takes part in singleton runs; one configuration serves many roles.
+
+    ``neli.group_id`` is a namespace: the NELI group of role ``r`` is ``f"{group_id}.{r}"``;
+    all roles share the leader topic ``neli.topic``.
+
+    - ``handoff_timeout``: seconds another deployment's ``CLAIMED`` (and a ``FAILED`` retry of
+      the failing deployment) is respected. Must exceed the gate→executor delay of the
+      orchestrator plus leadership acquisition.
+    - ``acquire_timeout``: seconds to wait for leadership of a role before answering ``WAIT``
+      (claim, reserve) or raising :class:`AcquireTimeoutError` (execute).
+    - A routine revocation (another member joins, or ours closes) waits for in-flight work
+      and its ``COMPLETED`` record up to the member's ``revoke_timeout`` (``NeliConfig``,
+      below the rebalance timeout ``max_poll_interval``); past it the member is fenced.
+    - ``max_clock_error``: bound on the wall-clock difference between deployments.
+    """
+
+    neli: NeliConfig
+    deployment: str
+    ledger_topic: str = DEFAULT_LEDGER_TOPIC
+    handoff_timeout: float = 300.0
+    acquire_timeout: float = 60.0
+    failed_retry: FailedRetry = FailedRetry.SAME_DEPLOYMENT_FIRST
+    max_attempts: int | None = None
+    max_clock_error: float = 1.0
+    ledger_partitions: int = 1
+    #: Poll interval of the watchdog and of leadership acquisition, seconds.
+    poll_interval: float = 0.05
+    policy: DecisionPolicy = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.deployment, str) or not self.deployment.strip():
+            raise ConfigError("deployment must name this orchestrator deployment, e.g. 'us-east-1'")
+        for name in ("acquire_timeout", "poll_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        # DecisionPolicy validates handoff_timeout, max_attempts and max_clock_error.
+        policy = DecisionPolicy(
+            handoff_timeout=self.handoff_timeout,
+            failed_retry=self.failed_retry,
+            max_attempts=self.max_attempts,
+            max_clock_error=self.max_clock_error,
+        )
+        object.__setattr__(self, "policy", policy)
+
+    def role_neli(self, role: str) -> NeliConfig:
+        """The NELI configuration of ``role``'s group."""
+        if not role or not isinstance(role, str):
+            raise ConfigError(f"role must be a non-empty string, got {role!r}")
+        namespace = self.neli.resolved
+        return dataclasses.replace(self.neli, group_id=f"{namespace.group_id}.{role}",
+                                   topic=namespace.topic)
+
+    def ledger_config(self) -> KafkaLedgerConfig:
+        """The ledger's Kafka configuration, sharing the member's client settings."""
+        return KafkaLedgerConfig(
+            bootstrap_servers=self.neli.bootstrap_servers,
+            topic=self.ledger_topic,
+            partitions=self.ledger_partitions,
+            transactional_id_prefix=f"{self.neli.resolved.group_id}.ledger:",
+            kafka_config=_client_settings(self.neli.kafka_config),
+        )
+
+
+def _client_settings(kafka_config: Any) -> dict[str, Any]:
+    """Connection and security settings of a member's kafka_config that the ledger shares."""
+    keep = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.",
+            "reconnect.", "retry.", "retries", "debug", "log_level")
+    return {k: v for k, v in dict(kafka_config).items() if k.startswith(keep)}
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Answer of :meth:`Singleton.reserve`: whether this deployment now holds the run's claim."""
+
+    role: str
+    run_key: str
+    outcome: Outcome
+    reason: str
+    #: The claim's fencing token when :attr:`should_run`, else None.
+    token: int | None
+    #: The latest ledger record the decision saw (for SKIP_DONE: who completed it, and when).
+    record: LedgerRecord | None
+    deployment: str
+
+    @property
+    def should_run(self) -> bool:
+        """True if this deployment holds a fresh claim and its executor should run the work."""
+        return self.token is not None
+
+
+class Run:
+    """One run of a role inside :meth:`Singleton.claim` or :meth:`Singleton.execute`.
+
+    ``outcome`` says what the decision table decided; run the work only if :attr:`should_run`.
+    """
+
+    def __init__(
+        self,
+        *,
+        role: str,
+        run_key: str,
+        deployment: str,
+        outcome: Outcome,
+        reason: str,
+        token: int | None,
+        record: LedgerRecord | None,
+    ) -> None:
+        self.role = role
+        self.run_key = run_key
+        self.deployment = deployment
+        self.outcome = outcome
+        self.reason = reason
+        self.token = token
+        self.record = record
+        self._lock = threading.Lock()
+        self._fenced: str | None = None
+        self._callbacks: list[Callable[[str], object]] = []
+
+    @property
+    def should_run(self) -> bool:
+        """True if this member holds the claim (``token`` is set) and must do the work."""
+        return self.token is not None
+
+    @property
+    def fenced(self) -> bool:
+        """True once leadership was lost while the work ran."""
+        return self._fenced is not None
+
+    def on_fence(self, callback: Callable[[str], object]) -> None:
+        """Call ``callback(reason)`` from the watchdog thread when leadership is lost.
+
+        Use it to stop the work at once (kill spark-submit, cancel a Spark job group). A
+        callback registered after the fence runs immediately.
+
+        .. note:: Callbacks run on the watchdog thread; keep them short and thread-safe.
+        """
+        with self._lock:
+            reason = self._fenced
+            if reason is None:
+                self._callbacks.append(callback)
+        if reason is not None:
+            _call_quietly(callback, reason)
+
+    def check(self) -> None:
+        """Raise :class:`FencedError` if this member no longer holds the run."""
+        reason = self._fenced
+        if reason is not None:
+            raise FencedError(
+                f"role {self.role!r} run {self.run_key!r} (token {self.token}) was fenced:"
+                f" {reason}",
+                role=self.role,
+                token=self.token,
+            )
+
+    def _fence(self, reason: str) -> None:
+        with self._lock:
+            if self._fenced is not None:
+                return
+            self._fenced = reason
+            callbacks, self._callbacks = self._callbacks, []
+        log.error("fenced: role %r run %r token %s: %s", self.role, self.run_key, self.token,
+                  reason)
+        for callback in callbacks:
+            _call_quietly(callback, reason)
+
+    def __repr__(self) -> str:
+        return (f"Run(role={self.role!r}, run_key={self.run_key!r}, outcome={self.outcome},"
+                f" token={self.token})")
+
+
+def _call_quietly(callback: Callable[[str], object], reason: str) -> None:
+    try:
+        callback(reason)
+    except Exception:  # noqa: BLE001 - one bad callback must not stop the others
+        log.exception("fence callback %r failed", callback)
+
+
+NeliFactory = Callable[..., Any]
+
+
+class _Leadership:
+    """The NELI member of one role for one claim: acquire, keep polled, watch, release.
+
+    From the moment it leads, a watchdog thread pulses the member (heartbeats stop otherwise,
+    and the member would fence itself while the ledger is being replayed). A loss of
+    leadership is remembered in :attr:`lost` and fences the attached run.
+    """
+
+    def __init__(self, singleton: Singleton, role: str) -> None:
+        self.role = role
+        self._config = singleton.config
+        self._clock = singleton._clock
+        self._lock = threading.Lock()
+        self._run: Run | None = None
+        self._lost: str | None = None
+        self._work_done = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.neli = singleton._neli_factory(self._config.role_neli(role), barrier=self._barrier)
+
+    @property
+    def member(self) -> str:
+        return str(self.neli.member_id)
+
+    @property
+    def lost(self) -> str | None:
+        """Why leadership was lost since :meth:`acquire` succeeded, or None."""
+        return self._lost
+
+    def acquire(self, timeout: float) -> bool:
+        """Poll until this member leads the role or ``timeout`` passes; then start the watchdog."""
+        deadline = self._clock() + timeout
+        while not self.neli.pulse(timeout=self._config.poll_interval):
+            if self._clock() >= deadline:
+                return False
+        self._thread = threading.Thread(target=self._watchdog, name=f"neli-watchdog-{self.role}",
+                                        daemon=True)
+        self._thread.start()
+        return True
+
+    def attach(self, run: Run) -> None:
+        """Fence ``run`` when leadership is lost (at once if it already was)."""
+        with self._lock:
+            self._run = run
+            reason = self._lost
+        if reason is not None:
+            run._fence(reason)
+
+    def work_finished(self) -> None:
+        """The work and its end record are done: release a waiting revoke barrier."""
+        self._work_done.set()
+
+    def _lose(self, reason: str) -> None:
+        with self._lock:
+            if self._lost is not None:
+                return
+            self._lost = reason
+            run = self._run
+        log.warning("member %s lost leadership of role %r: %s", self.member, self.role, reason)
+        if run is not None:
+            run._fence(reason)
+
+    def _watchdog(self) -> None:
+        while not self._stop.is_set():
+            try:
+                leading = self.neli.pulse(timeout=self._config.poll_interval)
+            except Exception as exc:  # noqa: BLE001 - a broken member cannot vouch for the run
+                self._lose(f"the NELI member failed: {exc!r}")
+                return
+            if not leading and not self._stop.is_set() and not self._work_done.is_set():
+                self._lose("leadership lost (own heartbeat missing or partition lost)")
+                return
+
+    def _barrier(self, event: object) -> None:
+        if isinstance(event, LeaderFenced):
+            self._lose(f"fenced: {getattr(event, 'reason', event)}")
+        elif isinstance(event, LeaderRevoked):
+            # The revoke barrier: the successor is not assigned until this returns, so the
+            # work and its COMPLETED record finish under our leadership. Past event.deadline
+            # the member fences itself (LeaderFenced, delivered concurrently).
+            if self._run is None or self._work_done.is_set():
+                return
+            remaining = event.deadline - self._clock()
+            log.info("role %r revoked: waiting up to %.1f s for run %r to finish", self.role,
+                     remaining, self._run.run_key)
+            self._work_done.wait(max(0.0, remaining))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._work_done.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, 10 * self._config.poll_interval))
+        try:
+            self.neli.close()
+        except Exception:  # noqa: BLE001 - closing is best effort; the group times us out
+            log.warning("closing the NELI member of role %r failed", self.role, exc_info=True)
+
+
+class Singleton:
+    """Claim and run singleton work exactly once across deployments (see the module docstring).
+
+    Thread-safe for concurrent claims of different roles. Cheap to construct: Kafka clients
+    are created on first use. Call :meth:`close` (or use it as a context manager) when done.
+    """
+
+    def __init__(
+        self,
+        config: SingletonConfig,
+        *,
+        ledger: LedgerStore | None = None,
+        neli_factory: NeliFactory | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self._ledger = ledger
+        self._ledger_lock = threading.Lock()
+        self._neli_factory: NeliFactory = neli_factory or Neli
+        self._clock = clock
+        self._wall = wall_clock
+
+    # -- public API --------------------------------------------------------------------------
+
+    @property
+    def ledger(self) -> LedgerStore:
+        """The run ledger (created on first use)."""
+        with self._ledger_lock:
+            if self._ledger is None:
+                self._ledger = KafkaLedger(self.config.ledger_config())
+            return self._ledger
+
+    def status(self, role: str, run_key: str) -> LedgerRecord | None:
+        """The latest ledger record of a run (read-only; no leadership needed)."""
+        return self.ledger.replay(role).latest(run_key)
+
+    def leads(self, role: str, timeout: float) -> bool:
+        """True if this deployment's member became leader of ``role`` within ``timeout``.
+
+        .. note:: Leadership ends when this returns (the member leaves the group); use it to
+           wait for a region to be able to lead, not as a lock.
+        """
+        lead = _Leadership(self, role)
+        try:
+            return lead.acquire(timeout)
+        finally:
+            lead.close()
+
+    @contextlib.contextmanager
+    def claim(self, role: str, run_key: str) -> Iterator[Run]:
+        """Lead ``role``, decide on ``run_key`` and, if it is ours to run, hold it for the block.
+
+        Inside the block run the work only if ``run.should_run``. Leaving the block normally
+        records ``COMPLETED``; an exception records ``FAILED`` (and is re-raised); a fence
+        raises :class:`FencedError` (nothing is recorded: the next leader takes over).
+        """
+        lead = _Leadership(self, role)
+        writer: LedgerWriter | None = None
+        try:
+            run, record, writer = self._lead_and_claim(lead, role, run_key, RunState.RUNNING)
+            if record is None or not run.should_run:
+                if writer is not None:
+                    writer.close()
+                    writer = None
+                lead.close()  # release at once: a WAIT must not hold the claimant's executor
+                yield run
+                return
+            with self._hold(lead, writer, run, record):
+                yield run
+        finally:
+            if writer is not None:
+                writer.close()
+            lead.close()
+
+    def run(self, role: str, run_key: str, work: Callable[[Run], T]) -> T | None:
+        """Claim and, if ours, run ``work(run)``; returns its value, or None when not run."""
+        with self.claim(role, run_key) as run:
+            if not run.should_run:
+                return None
+            return work(run)
+
+    def reserve(self, role: str, run_key: str) -> Reservation:
+        """Gate (split form): decide and, if ours, record ``CLAIMED`` with a handoff deadline.
+
+        Releases leadership before returning, so this deployment's executor (another process)
+        can acquire it. ``WAIT`` means another deployment leads the role or holds a live claim:
+        ask again later — never skip a run on WAIT.
+        """
+        lead = _Leadership(self, role)
+        writer: LedgerWriter | None = None
+        try:
+            run, _, writer = self._lead_and_claim(lead, role, run_key, RunState.CLAIMED)
+            return self._reservation(run)
+        finally:
+            if writer is not None:
+                writer.close()
+            lead.close()
+
+    def execute(
+        self,
+        role: str,
+        run_key: str,
+        token: int,
+        work: Callable[[Run], T],
+        *,
+        on_fence: Callable[[str], object] | None = None,
+    ) -> T:
+        """Executor (split form): re-acquire, verify claim ``token``, run ``work(run)``, record.
+
+        Records ``RUNNING`` under the claim's token, then ``COMPLETED`` (returns the value) or
+        ``FAILED`` (re-raises). If the claim's earlier execution died (``RUNNING``) or failed,
+        and the decision table lets this deployment run again, a new claim with a larger token
+        is taken: the work must use ``run.token``, not the reserved one.
+
+        Raises :class:`SkippedRun` if the run was completed, :class:`FencedError` if another
+        claim superseded ours or leadership was lost mid-work, :class:`AcquireTimeoutError` if
+        leadership could not be acquired within ``acquire_timeout``.
+        """
+        lead = _Leadership(self, role)
+        writer: LedgerWriter | None = None
+        try:
+            if not lead.acquire(self.config.acquire_timeout):
+                raise AcquireTimeoutError(
+                    f"could not lead role {role!r} within {self.config.acquire_timeout} s to run"
+                    f" {run_key!r}; another member holds it (latest record:"
+                    f" {_describe(self.status(role, run_key))})"
+                )
+            writer = self.ledger.begin(role)
+            me = Claimant(self.config.deployment, lead.member)
+            replay = writer.replay()
+            now = self._wall()
+            latest = replay.latest(run_key)
+            check = check_claim(token, latest, me)
+            if check.status is ClaimStatus.COMPLETED:
+                raise SkippedRun(f"run {run_key!r} of role {role!r} is {check.reason}")
+            if check.ok and latest is not None:
+                record = latest.advance(RunState.RUNNING, at=now, member=me.member)
+                decision_outcome, reason = Outcome.RUN, check.reason
+            elif check.status in (ClaimStatus.INTERRUPTED, ClaimStatus.FAILED):
+                # Our claim was RUNNING (its executor died) or FAILED: decide again; a re-run
+                # always takes a new token so a zombie of the earlier attempt is refused.
+                decision = decide(latest, me, now=now, policy=self.config.policy)
+                self._log_decision(role, run_key, decision)
+                if not decision.claims:
+                    raise FencedError(
+                        f"run {run_key!r} of role {role!r} may not run again here:"
+                        f" {decision.outcome}: {decision.reason}", role=role, token=token)
+                record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
+                                      policy=self.config.policy, state=RunState.RUNNING)
+                decision_outcome, reason = decision.outcome, decision.reason
+            else:
+                raise FencedError(
+                    f"claim {token} of run {run_key!r} (role {role!r}) is no longer ours:"
+                    f" {check.reason}", role=role, token=token)
+            if lead.lost is not None:
+                raise FencedError(f"lost leadership of role {role!r} before running {run_key!r}:"
+                                  f" {lead.lost}", role=role, token=token)
+            writer.write(record)
+            run = Run(role=role, run_key=run_key, deployment=self.config.deployment,
+                      outcome=decision_outcome, reason=reason, token=record.token,
+                      record=latest)
+            if on_fence is not None:
+                run.on_fence(on_fence)
+            with self._hold(lead, writer, run, record):
+                return work(run)
+        finally:
+            if writer is not None:
+                writer.close()
+            lead.close()
+
+    def close(self) -> None:
+        """Release the ledger's Kafka clients."""
+        with self._ledger_lock:
+            if self._ledger is not None:
+                self._ledger.close()
+                self._ledger = None
+
+    def __enter__(self) -> Singleton:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _lead_and_claim(
+        self, lead: _Leadership, role: str, run_key: str, state: RunState
+    ) -> tuple[Run, LedgerRecord | None, LedgerWriter | None]:
+        """Acquire, fence earlier leaders, replay, decide and write the claim (as ``state``).
+
+        Returns the run, the claim record written (None if the decision claims nothing) and
+        the open writer (None if leadership was not acquired).
+        """
+        if not lead.acquire(self.config.acquire_timeout):
+            return self._not_leading(role, run_key), None, None
+        writer = self.ledger.begin(role)  # init_transactions(): fences every earlier leader
+        try:
+            me = Claimant(self.config.deployment, lead.member)
+            replay = writer.replay()
+            now = self._wall()
+            decision = decide(replay.latest(run_key), me, now=now, policy=self.config.policy)
+            self._log_decision(role, run_key, decision)
+            if not decision.writes:
+                return self._run_for(role, run_key, decision, token=None), None, writer
+            record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
+                                  policy=self.config.policy, state=state)
+            if lead.lost is not None:
+                # Never write a claim without leadership; whoever leads now decides instead.
+                run = Run(role=role, run_key=run_key, deployment=self.config.deployment,
+                          outcome=Outcome.WAIT, reason=f"lost leadership while deciding:"
+                          f" {lead.lost}", token=None, record=decision.latest)
+                return run, None, writer
+            writer.write(record)
+        except BaseException:
+            writer.close()
+            raise
+        token = record.token if decision.claims else None
+        return self._run_for(role, run_key, decision, token=token), record, writer
+
+    @contextlib.contextmanager
+    def _hold(self, lead: _Leadership, writer: LedgerWriter, run: Run,
+              record: LedgerRecord) -> Iterator[Run]:
+        """Around the work: watchdog on; then record COMPLETED, FAILED, or raise FencedError."""
+        lead.attach(run)
+        try:
+            try:
+                yield run
+            except BaseException as exc:
+                if isinstance(exc, FencedError):
+                    raise
+                run.check()  # fenced: the work failed because it was stopped; record nothing
+                reason = f"{type(exc).__name__}: {exc}"[:2000]
+                self._write_end(writer, run, record.advance(RunState.FAILED, at=self._wall(),
+                                                            reason=reason))
+                raise
+            run.check()
+            self._write_end(writer, run, record.advance(RunState.COMPLETED, at=self._wall()))
+        finally:
+            lead.work_finished()
+
+    def _write_end(self, writer: LedgerWriter, run: Run, record: LedgerRecord) -> None:
+        try:
+            writer.write(record)
+        except FencedError as exc:
+            run._fence(f"the ledger refused the {record.state} record: {exc}")
+            raise FencedError(
+                f"role {run.role!r} run {run.run_key!r} (token {run.token}): a newer leader"
+                f" fenced this member before it could record {record.state}",
+                role=run.role, token=run.token) from exc
+        log.info("role %r run %r %s (token %s)", run.role, run.run_key, record.state,
+                 record.token)
+
+    def _not_leading(self, role: str, run_key: str) -> Run:
+        latest = self.status(role, run_key)
+        if latest is not None and latest.state is RunState.COMPLETED:
+            outcome, reason = Outcome.SKIP_DONE, f"completed: {_describe(latest)}"
+        else:
+            outcome = Outcome.WAIT
+            reason = (f"another member leads role {role!r} (not acquired within"
+                      f" {self.config.acquire_timeout} s); latest record: {_describe(latest)}")
+        log.info("role %r run %r: %s: %s", role, run_key, outcome, reason)
+        return Run(role=role, run_key=run_key, deployment=self.config.deployment,
+                   outcome=outcome, reason=reason, token=None, record=latest)
+
+    def _run_for(self, role: str, run_key: str, decision: Decision, token: int | None) -> Run:
+        return Run(role=role, run_key=run_key, deployment=self.config.deployment,
+                   outcome=decision.outcome, reason=decision.reason, token=token,
+                   record=decision.latest)
+
+    def _reservation(self, run: Run) -> Reservation:
+        return Reservation(role=run.role, run_key=run.run_key, outcome=run.outcome,
+                           reason=run.reason, token=run.token, record=run.record,
+                           deployment=self.config.deployment)
+
+    @staticmethod
+    def _log_decision(role: str, run_key: str, decision: Decision) -> None:
+        log.info("role %r run %r: %s: %s", role, run_key, decision.outcome, decision.reason)
+
+
+def _describe(record: LedgerRecord | None) -> str:
+    if record is None:
+        return "none"
+    return (f"{record.state} by {record.deployment}/{record.member} with token {record.token}"
+            f" at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(record.at))}")

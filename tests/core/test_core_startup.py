@@ -1,0 +1,123 @@
+"""Start-up at the broker: leader topic created or checked, KIP-848 group timings applied."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from core_fakes import FakeClients, FakeCluster
+
+from neli_orchestrate.core import FakeClock, Neli, NeliConfig
+from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
+
+
+def config(**overrides: object) -> NeliConfig:
+    settings: dict[str, object] = dict(bootstrap_servers="fake:0", group_id="g",
+                                       profile="fast")
+    settings.update(overrides)
+    return NeliConfig(**settings)  # type: ignore[arg-type]
+
+
+def start(cluster: FakeCluster, **overrides: object) -> Neli:
+    return Neli(config(**overrides), clock=cluster.clock, kafka=FakeClients(cluster))
+
+
+def test_missing_leader_topic_is_created_with_one_partition_per_role() -> None:
+    cluster = FakeCluster(clock=FakeClock(), topic_exists=False)
+    neli = start(cluster, roles=("a", "b", "c"))
+    (topic, partitions, settings), = cluster.created
+    assert (topic, partitions) == ("g.neli", 3) and neli.partitions == 3
+    assert settings["cleanup.policy"] == "delete" and "retention.ms" in settings
+
+
+def test_topic_created_concurrently_is_awaited_until_metadata_lists_it() -> None:
+    # another member created it a moment ago: "already exists", but not in metadata yet
+    cluster = FakeCluster(clock=FakeClock(), topic_exists=True, topic_invisible_reads=4)
+    assert start(cluster).partitions == 1
+    assert cluster.topic_invisible_reads == 0
+
+
+def test_topic_config_overrides_the_defaults_of_a_created_topic() -> None:
+    cluster = FakeCluster(clock=FakeClock(), topic_exists=False)
+    start(cluster, partitions=2, topic_config={"retention.ms": "60000"})
+    (_, partitions, settings), = cluster.created
+    assert partitions == 2 and settings["retention.ms"] == "60000"
+
+
+def test_denied_topic_creation_is_a_clear_error() -> None:
+    cluster = FakeCluster(clock=FakeClock(), topic_exists=False, deny_create=True)
+    with pytest.raises(KafkaUnavailableError, match="creating leader topic 'g.neli'"):
+        start(cluster)
+
+
+def test_missing_topic_without_creation_is_a_clear_error() -> None:
+    cluster = FakeCluster(clock=FakeClock(), topic_exists=False)
+    with pytest.raises(KafkaUnavailableError, match="does not exist and NeliConfig.create_topic"):
+        start(cluster, create_topic=False)
+
+
+def test_partition_count_that_does_not_match_the_config_is_refused() -> None:
+    cluster = FakeCluster(clock=FakeClock(), partitions=3)
+    with pytest.raises(KafkaUnavailableError, match=r"has 3 partition\(s\) but NeliConfig"):
+        start(cluster, partitions=4)
+    assert start(cluster).partitions == 3   # partitions=None accepts the topic's count
+
+
+def test_unreachable_cluster_is_a_clear_error() -> None:
+    cluster = FakeCluster(clock=FakeClock(), unreachable=True)
+    with pytest.raises(KafkaUnavailableError, match="cannot reach"):
+        start(cluster)
+
+
+def test_kip_848_group_gets_its_session_and_heartbeat_from_the_config() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    start(cluster, group_protocol="consumer")
+    assert cluster.altered_groups == [{"consumer.session.timeout.ms": "1000",
+                                       "consumer.heartbeat.interval.ms": "50"}]
+
+
+def test_kip_848_group_settings_are_awaited_until_the_broker_shows_them() -> None:
+    # the broker's default (3 s) is still visible for a moment after the change is accepted;
+    # non-exclusive mode would refuse it, so the member must wait for its own values
+    cluster = FakeCluster(clock=FakeClock(), group_stale_reads=3, group_settings={
+        "consumer.session.timeout.ms": "3000", "consumer.heartbeat.interval.ms": "250"},
+        topic_settings={"message.timestamp.type": "LogAppendTime"})
+    start(cluster, group_protocol="consumer", mode="full", exclusive=False,
+          heartbeat_timeout=2.0)
+    assert cluster.group_stale_reads == 0
+
+
+def test_kip_848_group_with_a_shorter_broker_session_is_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cluster = FakeCluster(clock=FakeClock(), deny_group_alter=True, group_settings={
+        "consumer.session.timeout.ms": "300", "consumer.heartbeat.interval.ms": "50"})
+    with caplog.at_level(logging.WARNING), pytest.raises(ConfigError, match="session timeout"):
+        start(cluster, group_protocol="consumer")
+    assert "could not set the session" in caplog.text
+
+
+def test_kip_848_group_with_a_longer_broker_session_is_accepted_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cluster = FakeCluster(clock=FakeClock(), deny_group_alter=True, group_settings={
+        "consumer.session.timeout.ms": "45000", "consumer.heartbeat.interval.ms": "5000"})
+    with caplog.at_level(logging.WARNING):
+        start(cluster, group_protocol="consumer")
+    assert "45 s session timeout" in caplog.text
+
+
+def test_classic_group_needs_no_group_settings() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    start(cluster)
+    assert cluster.altered_groups == []
+
+
+def test_a_config_the_kafka_client_rejects_is_a_config_error() -> None:
+    # the real confluent-kafka client validates property names at construction
+    with pytest.raises(ConfigError, match="kafka_config"):
+        Neli(config(kafka_config={"no.such.property": "1"}, bootstrap_servers="127.0.0.1:1",
+                    request_timeout=0.5))
+
+
+def test_unreachable_real_broker_fails_fast_with_the_address() -> None:
+    with pytest.raises(KafkaUnavailableError, match="127.0.0.1:1"):
+        Neli(config(bootstrap_servers="127.0.0.1:1", request_timeout=1.0))

@@ -1,0 +1,257 @@
+"""The singleton state machine with scripted members (MockNeli) and the in-memory ledger.
+
+No Kafka here: a tiny fake group coordinator hands a role to one member at a time, the way
+partition assignment does, and MemoryLedger fences writers like Kafka transactions.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+from neli_orchestrate import (
+    AcquireTimeoutError,
+    FencedError,
+    NeliConfig,
+    Outcome,
+    Singleton,
+    SingletonConfig,
+    SkippedRun,
+)
+from neli_orchestrate.core import LeaderRevoked, MockNeli
+from neli_orchestrate.ledger import RunState
+from neli_orchestrate.testing.memory_ledger import MemoryLedger
+
+ROLE = "daily_flights"
+
+
+class Coordinator:
+    """Assigns each role's group to its oldest open member; the next one on close."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, list[Member]] = defaultdict(list)
+        self.lock = threading.Lock()
+        self.created: list[Member] = []
+        self.hold: set[str] = set()  # groups whose leadership is held by an outsider
+
+    def __call__(self, config: NeliConfig, barrier=None):  # type: ignore[no-untyped-def]
+        member = Member(self, config.resolved.group_id, config, barrier,
+                        member_id=f"m{len(self.created)}")
+        with self.lock:
+            self.created.append(member)
+            self.groups[member.group].append(member)
+            self._assign(member.group)
+        return member
+
+    def _assign(self, group: str) -> None:
+        members = self.groups[group]
+        if members and group not in self.hold and not any(m.is_leader for m in members):
+            members[0].acquire()
+
+    def closed(self, member: Member) -> None:
+        with self.lock:
+            self.groups[member.group].remove(member)
+            self._assign(member.group)
+
+    def release(self, group: str) -> None:
+        with self.lock:
+            self.hold.discard(group)
+            self._assign(group)
+
+
+class Member(MockNeli):
+    def __init__(self, coordinator: Coordinator, group: str, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.coordinator = coordinator
+        self.group = group
+        self._idle = threading.Event()
+
+    def pulse(self, timeout: float = 0.0) -> bool:
+        leading = super().pulse(timeout)
+        if leading and timeout:
+            self._idle.wait(timeout)  # a real pulse blocks in poll; don't spin
+        return leading
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        super().close()
+        self._idle.set()
+        self.coordinator.closed(self)
+
+
+def make(deployment: str, coordinator: Coordinator, ledger: MemoryLedger,
+         wall_clock=time.time, **overrides: object) -> Singleton:
+    settings: dict[str, object] = {"handoff_timeout": 60.0, "acquire_timeout": 0.5}
+    settings.update(overrides)
+    config = SingletonConfig(
+        neli=NeliConfig(bootstrap_servers="unused:9092", group_id="acme"),
+        deployment=deployment, **settings,  # type: ignore[arg-type]
+    )
+    return Singleton(config, ledger=ledger, neli_factory=coordinator, wall_clock=wall_clock)
+
+
+@pytest.fixture
+def world() -> tuple[Coordinator, MemoryLedger]:
+    return Coordinator(), MemoryLedger()
+
+
+def test_first_claim_runs_once_and_records_completed(world) -> None:
+    coordinator, ledger = world
+    singleton = make("us-east-1", coordinator, ledger)
+    ran = []
+    with singleton.claim(ROLE, "2013-01-05") as run:
+        assert run.outcome is Outcome.RUN and run.should_run
+        assert isinstance(run.token, int)
+        ran.append(run.token)
+    assert ledger.history(ROLE, "2013-01-05") == [RunState.RUNNING, RunState.COMPLETED]
+    assert ledger.latest(ROLE, "2013-01-05").token == ran[0]
+    assert coordinator.groups["acme." + ROLE] == [], "the member left the group after the run"
+
+
+def test_a_completed_run_is_skipped_by_every_later_deployment(world) -> None:
+    coordinator, ledger = world
+    assert make("us-east-1", coordinator, ledger).run(ROLE, "d1", lambda run: "built") == "built"
+    calls = []
+    for region in ("eu-west-1", "us-east-1"):
+        with make(region, coordinator, ledger).claim(ROLE, "d1") as run:
+            assert run.outcome is Outcome.SKIP_DONE and not run.should_run
+            assert run.record is not None and run.record.deployment == "us-east-1"
+            calls.append(region)
+    assert ledger.history(ROLE, "d1") == [RunState.RUNNING, RunState.COMPLETED]
+    assert calls == ["eu-west-1", "us-east-1"]
+
+
+def test_failed_work_records_failed_and_the_same_deployment_retries_with_a_larger_token(world):
+    coordinator, ledger = world
+    singleton = make("us-east-1", coordinator, ledger)
+    with pytest.raises(RuntimeError, match="spark died"):
+        with singleton.claim(ROLE, "d1") as run:
+            first = run.token
+            raise RuntimeError("spark died")
+    failed = ledger.latest(ROLE, "d1")
+    assert failed.state is RunState.FAILED and "spark died" in failed.reason
+    with make("eu-west-1", coordinator, ledger).claim(ROLE, "d1") as other:
+        assert other.outcome is Outcome.WAIT  # the failing deployment retries first
+    with singleton.claim(ROLE, "d1") as retry:
+        assert retry.outcome is Outcome.RETRY and retry.token > first
+    assert ledger.latest(ROLE, "d1").state is RunState.COMPLETED
+
+
+def test_fence_mid_work_calls_callbacks_raises_fenced_and_records_nothing_more(world) -> None:
+    coordinator, ledger = world
+    singleton = make("us-east-1", coordinator, ledger)
+    fenced = threading.Event()
+    with pytest.raises(FencedError) as info:
+        with singleton.claim(ROLE, "d1") as run:
+            run.on_fence(lambda reason: fenced.set())
+            coordinator.created[-1].fence()
+            assert fenced.wait(10), "the watchdog did not deliver the fence"
+            run.check()
+    assert info.value.role == ROLE and info.value.token == run.token
+    assert ledger.history(ROLE, "d1") == [RunState.RUNNING]
+
+
+def test_revoke_barrier_holds_the_successor_until_completed_is_recorded(world) -> None:
+    coordinator, ledger = world
+    singleton = make("us-east-1", coordinator, ledger)
+    order: list[str] = []
+    with singleton.claim(ROLE, "d1") as run:
+        member = coordinator.created[-1]
+        member.revoke()
+        deadline = threading.Event()
+        # the barrier is now blocked on the watchdog thread, waiting for this block to end
+        while not any(isinstance(e, LeaderRevoked) for e in member.events):
+            assert not deadline.wait(0.01)
+        assert not run.fenced
+        order.append("work done")
+    order.append("block left")
+    assert ledger.history(ROLE, "d1") == [RunState.RUNNING, RunState.COMPLETED]
+    assert not member.barrier_errors
+    assert order == ["work done", "block left"]
+
+
+def test_a_newer_leader_fences_the_old_ledger_writer(world) -> None:
+    """S2: after a newer begin(), the paused leader's COMPLETED write fails as FencedError."""
+    coordinator, ledger = world
+    singleton = make("us-east-1", coordinator, ledger)
+    with pytest.raises(FencedError):
+        with singleton.claim(ROLE, "d1"):
+            ledger.begin(ROLE)  # what a successor's init_transactions() does
+    assert ledger.history(ROLE, "d1") == [RunState.RUNNING]
+
+
+def test_not_leading_within_acquire_timeout_waits_and_never_skips(world) -> None:
+    coordinator, ledger = world
+    coordinator.hold.add("acme." + ROLE)
+    with make("eu-west-1", coordinator, ledger, acquire_timeout=0.2).claim(ROLE, "d1") as run:
+        assert run.outcome is Outcome.WAIT and run.token is None
+    assert ledger.history(ROLE, "d1") == []
+
+
+def test_reserve_then_execute_in_another_process_completes(world) -> None:
+    coordinator, ledger = world
+    gate = make("us-east-1", coordinator, ledger)
+    reservation = gate.reserve(ROLE, "d1")
+    assert reservation.outcome is Outcome.RUN and reservation.should_run
+    assert ledger.latest(ROLE, "d1").state is RunState.CLAIMED
+
+    other = make("eu-west-1", coordinator, ledger).reserve(ROLE, "d1")
+    assert other.outcome is Outcome.WAIT and other.token is None  # live claim elsewhere
+
+    executor = make("us-east-1", coordinator, ledger)
+    seen = []
+    value = executor.execute(ROLE, "d1", reservation.token, lambda run: seen.append(run.token))
+    assert value is None and seen == [reservation.token]
+    assert ledger.history(ROLE, "d1") == [RunState.CLAIMED, RunState.RUNNING,
+                                          RunState.COMPLETED]
+    with pytest.raises(SkippedRun):
+        executor.execute(ROLE, "d1", reservation.token, lambda run: seen.append("again"))
+    assert make("eu-west-1", coordinator, ledger).reserve(ROLE, "d1").outcome is Outcome.SKIP_DONE
+    assert seen == [reservation.token]
+
+
+def test_execute_with_a_superseded_token_fails_naming_the_new_owner(world) -> None:
+    coordinator, ledger = world
+    old = make("us-east-1", coordinator, ledger).reserve(ROLE, "d1")
+    # the claim is not started within its handoff window; another deployment takes over
+    later = lambda: time.time() + 3600  # noqa: E731
+    newer = make("eu-west-1", coordinator, ledger, wall_clock=later).reserve(ROLE, "d1")
+    assert newer.outcome is Outcome.TAKE_OVER and newer.token > old.token
+    with pytest.raises(FencedError, match="eu-west-1") as info:
+        make("us-east-1", coordinator, ledger).execute(ROLE, "d1", old.token, lambda run: None)
+    assert info.value.token == old.token
+
+
+def test_execute_after_a_crashed_execution_takes_a_new_larger_token(world) -> None:
+    coordinator, ledger = world
+    reservation = make("us-east-1", coordinator, ledger).reserve(ROLE, "d1")
+    # an executor recorded RUNNING, then its process died: simulate by writing RUNNING directly
+    writer = ledger.begin(ROLE)
+    claimed = writer.replay().latest("d1")
+    writer.write(claimed.advance(RunState.RUNNING, at=claimed.at + 1))
+    tokens = []
+    make("us-east-1", coordinator, ledger).execute(ROLE, "d1", reservation.token,
+                                                   lambda run: tokens.append(run.token))
+    assert tokens and tokens[0] > reservation.token
+    assert ledger.latest(ROLE, "d1").state is RunState.COMPLETED
+
+
+def test_execute_without_leadership_raises_acquire_timeout(world) -> None:
+    coordinator, ledger = world
+    reservation = make("us-east-1", coordinator, ledger).reserve(ROLE, "d1")
+    coordinator.hold.add("acme." + ROLE)
+    with pytest.raises(AcquireTimeoutError, match="CLAIMED by us-east-1"):
+        make("us-east-1", coordinator, ledger, acquire_timeout=0.2).execute(
+            ROLE, "d1", reservation.token, lambda run: None)
+
+
+def test_role_groups_are_namespaced_and_share_the_leader_topic() -> None:
+    config = SingletonConfig(neli=NeliConfig(bootstrap_servers="k:9092", group_id="acme"),
+                             deployment="us-east-1")
+    a, b = config.role_neli("billing"), config.role_neli("daily_flights")
+    assert (a.resolved.group_id, b.resolved.group_id) == ("acme.billing", "acme.daily_flights")
+    assert a.resolved.topic == b.resolved.topic == "acme.neli"
