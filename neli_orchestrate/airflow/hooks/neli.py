@@ -1,0 +1,511 @@
+"""NeliHook: the NELI / singleton configuration of an Airflow connection.
+
+Usage::
+
+    hook = NeliHook("neli_default")
+    with hook.get_singleton() as singleton:       # neli_orchestrate.Singleton
+        reservation = singleton.reserve("daily_flights", "2013-01-05")
+
+Two kinds of connection work:
+
+- ``neli`` (this provider's type): host = bootstrap servers, login/password = SASL credentials,
+  extras = ``deployment``, ``namespace``, ``security_protocol``, ``sasl_mechanism``,
+  ``ssl_*``, ``kafka_config`` (any librdkafka setting) and timeouts.
+- ``kafka`` (the official Apache Kafka provider's type): extras are the librdkafka config
+  (``bootstrap.servers`` required). The NELI settings it cannot hold come from the hook's
+  arguments and the ``[neli]`` Airflow config section (``AIRFLOW__NELI__DEPLOYMENT``).
+
+Secrets (SASL password, key passwords, OAuth secrets) are registered with Airflow's secrets
+masker as soon as the connection is read, and never appear in this hook's ``repr`` or logs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+from neli_orchestrate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
+
+    from neli_orchestrate.core import NeliConfig
+    from neli_orchestrate.singleton import Singleton, SingletonConfig
+
+logger = logging.getLogger(__name__)
+
+NELI_CONN_TYPE = "neli"
+KAFKA_CONN_TYPE = "kafka"
+DEFAULT_NAMESPACE = "neli"
+
+# librdkafka keys whose values are secrets; matched as substrings of the lower-cased key.
+_SECRET_KEY_PARTS = ("password", "secret", "jaas", "key.pem", "oauthbearer.config", "token")
+
+# Structured extras of a ``neli`` connection -> librdkafka keys.
+_STRUCTURED_KAFKA_EXTRAS = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "ssl_ca_location": "ssl.ca.location",
+    "ssl_certificate_location": "ssl.certificate.location",
+    "ssl_key_location": "ssl.key.location",
+    "ssl_key_password": "ssl.key.password",
+}
+
+_TIMEOUT_EXTRAS = (
+    "handoff_timeout",
+    "acquire_timeout",
+    "heartbeat_timeout",
+    "session_timeout",
+    "connect_timeout",
+)
+
+
+def is_secret_key(key: str) -> bool:
+    """True when a librdkafka setting named ``key`` holds a secret that must never be shown."""
+    lowered = key.lower()
+    return any(part in lowered for part in _SECRET_KEY_PARTS)
+
+
+def redacted(kafka_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``kafka_config`` with every secret value replaced by ``***`` (for logs, errors)."""
+    return {k: ("***" if is_secret_key(k) else v) for k, v in kafka_config.items()}
+
+
+@dataclass(frozen=True)
+class NeliConnectionSettings:
+    """What NeliHook read from a connection; ``repr`` never shows secrets."""
+
+    conn_id: str
+    conn_type: str
+    bootstrap_servers: str
+    deployment: str
+    namespace: str = DEFAULT_NAMESPACE
+    ledger_topic: str | None = None
+    kafka_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    handoff_timeout: float | None = None
+    acquire_timeout: float | None = None
+    heartbeat_timeout: float | None = None
+    session_timeout: float | None = None
+    connect_timeout: float = 10.0
+    profile: str | None = None
+    group_protocol: str | None = None
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group every deployment of this namespace joins."""
+        return self.namespace
+
+    @property
+    def leader_topic(self) -> str:
+        """The NELI leader (heartbeat) topic of this namespace."""
+        return f"{self.namespace}.neli"
+
+    @property
+    def resolved_ledger_topic(self) -> str:
+        """The run ledger topic: the ``ledger_topic`` extra, else ``<namespace>.ledger``."""
+        return self.ledger_topic or f"{self.namespace}.ledger"
+
+    def client_config(self) -> dict[str, Any]:
+        """Full librdkafka client config (``bootstrap.servers`` + extras); contains secrets."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config}
+
+    def describe(self) -> str:
+        """One log-safe line: where this deployment coordinates, without any secret."""
+        protocol = self.kafka_config.get("security.protocol", "PLAINTEXT")
+        return (
+            f"deployment={self.deployment!r} namespace={self.namespace!r} "
+            f"bootstrap={self.bootstrap_servers!r} security.protocol={protocol} "
+            f"ledger={self.resolved_ledger_topic!r} (connection {self.conn_id!r}, "
+            f"type {self.conn_type!r})"
+        )
+
+
+def _extras(conn: Connection) -> dict[str, Any]:
+    raw = conn.extra_dejson or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"connection {conn.conn_id!r}: extra must be a JSON object")
+    # The connection form may store fields as extra__<type>__<name>; accept both spellings.
+    extras: dict[str, Any] = {}
+    for key, value in raw.items():
+        for prefix in (f"extra__{NELI_CONN_TYPE}__", f"extra__{KAFKA_CONN_TYPE}__"):
+            if key.startswith(prefix):
+                key = key[len(prefix) :]
+        extras[key] = value
+    return extras
+
+
+def _as_float(conn_id: str, name: str, value: Any) -> float | None:
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"connection {conn_id!r}: extra {name!r} must be seconds, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"connection {conn_id!r}: extra {name!r} must be a number of seconds, got {value!r}"
+        ) from None
+    if number <= 0:
+        raise ConfigError(f"connection {conn_id!r}: extra {name!r} must be > 0, got {value!r}")
+    return number
+
+
+def _kafka_config_extra(conn_id: str, value: Any) -> dict[str, Any]:
+    if value in (None, ""):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(
+                f"connection {conn_id!r}: extra 'kafka_config' is not valid JSON ({exc.msg}); "
+                'give a JSON object such as {"client.rack": "az1"}'
+            ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"connection {conn_id!r}: extra 'kafka_config' must be a JSON object of librdkafka "
+            f"settings, got {type(value).__name__}"
+        )
+    return {str(k): v for k, v in value.items()}
+
+
+def _bootstrap_from_host(conn: Connection) -> str:
+    host = (conn.host or "").strip()
+    if not host:
+        raise ConfigError(
+            f"connection {conn.conn_id!r}: host (Bootstrap servers) is empty; set it to "
+            "broker1:9092[,broker2:9092]"
+        )
+    if conn.port and "," not in host and ":" not in host:
+        host = f"{host}:{conn.port}"
+    return host
+
+
+def _configured(option: str) -> str | None:
+    """An option of the ``[neli]`` Airflow config section (``AIRFLOW__NELI__<OPTION>``)."""
+    try:
+        from airflow.sdk.configuration import conf
+
+        value = conf.get("neli", option, fallback=None)
+    except Exception:  # noqa: BLE001 - no Airflow config available: the caller reports it
+        return None
+    return value or None
+
+
+def settings_from_connection(
+    conn: Connection,
+    *,
+    deployment: str | None = None,
+    namespace: str | None = None,
+    ledger_topic: str | None = None,
+    overrides: Mapping[str, float | None] | None = None,
+) -> NeliConnectionSettings:
+    """Read the NELI settings of a ``neli`` or ``kafka`` connection; ConfigError says what to fix.
+
+    Arguments win over the connection's extras; deployment id and namespace fall back to the
+    ``[neli] deployment`` / ``[neli] namespace`` Airflow options.
+    """
+    conn_id = conn.conn_id or "<unnamed>"
+    conn_type = (conn.conn_type or "").lower()
+    extras = _extras(conn)
+    if conn_type == NELI_CONN_TYPE:
+        bootstrap = _bootstrap_from_host(conn)
+        kafka_config = _kafka_config_extra(conn_id, extras.get("kafka_config"))
+        for extra_name, kafka_key in _STRUCTURED_KAFKA_EXTRAS.items():
+            value = extras.get(extra_name)
+            if value in (None, ""):
+                continue
+            previous = kafka_config.get(kafka_key)
+            if previous not in (None, value):
+                raise ConfigError(
+                    f"connection {conn_id!r}: extra {extra_name!r} and kafka_config "
+                    f"{kafka_key!r} disagree; set it in one place"
+                )
+            kafka_config[kafka_key] = value
+        if conn.login:
+            kafka_config["sasl.username"] = conn.login
+        if conn.password:
+            kafka_config["sasl.password"] = conn.password
+        if conn.login or conn.password:
+            protocol = str(kafka_config.get("security.protocol", "PLAINTEXT")).upper()
+            if not protocol.startswith("SASL"):
+                raise ConfigError(
+                    f"connection {conn_id!r}: login/password are SASL credentials but "
+                    f"security_protocol is {protocol}; set security_protocol to SASL_SSL or "
+                    "SASL_PLAINTEXT (or clear login and password)"
+                )
+        neli_extras = extras
+    elif conn_type == KAFKA_CONN_TYPE:
+        kafka_config = {
+            str(k): v for k, v in extras.items() if "." in str(k) or str(k) == "debug"
+        }
+        bootstrap = str(kafka_config.pop("bootstrap.servers", "") or "").strip()
+        if not bootstrap:
+            raise ConfigError(
+                f"connection {conn_id!r} (type kafka): extra 'bootstrap.servers' is missing; "
+                "the kafka connection type keeps the librdkafka config in its extras"
+            )
+        # A kafka connection's extras are pure librdkafka config: NELI settings come from the
+        # hook's arguments and [neli] config, never from unknown keys the client would reject.
+        # Consumer settings meant for other hooks (group.id, auto.offset.reset, ...) are the
+        # protocol's business here: drop them rather than fail.
+        from neli_orchestrate.core.config import PROTECTED_KAFKA_SETTINGS
+
+        ignored = sorted(k for k in kafka_config if k.strip().lower() in PROTECTED_KAFKA_SETTINGS)
+        for key in ignored:
+            kafka_config.pop(key)
+        if ignored:
+            logger.info("connection %r: ignoring %s, NELI sets them itself", conn_id, ignored)
+        neli_extras = {}
+    else:
+        raise ConfigError(
+            f"connection {conn_id!r} has type {conn.conn_type!r}; NeliHook needs a 'neli' or "
+            "'kafka' connection (install neli-orchestrate before `airflow connections add "
+            "--conn-type neli`, or Airflow stores it as generic)"
+        )
+    resolved_deployment = deployment or neli_extras.get("deployment") or _configured("deployment")
+    if not resolved_deployment:
+        raise ConfigError(
+            f"connection {conn_id!r}: no deployment id; set the extra 'deployment' (e.g. "
+            '"us-east-1"), the [neli] deployment option (AIRFLOW__NELI__DEPLOYMENT) or pass '
+            "deployment= to the hook/operator"
+        )
+    timeouts: dict[str, float | None] = {
+        name: _as_float(conn_id, name, neli_extras.get(name)) for name in _TIMEOUT_EXTRAS
+    }
+    for name, value in (overrides or {}).items():
+        if name not in _TIMEOUT_EXTRAS:
+            raise ConfigError(f"unknown NELI setting {name!r}; known: {list(_TIMEOUT_EXTRAS)}")
+        if value is not None:
+            timeouts[name] = _as_float(conn_id, name, value)
+    connect_timeout = timeouts.pop("connect_timeout") or 10.0
+    for key, value in kafka_config.items():
+        if is_secret_key(key) and isinstance(value, str):
+            _mask(value)
+    return NeliConnectionSettings(
+        conn_id=conn_id,
+        conn_type=conn_type,
+        bootstrap_servers=bootstrap,
+        deployment=str(resolved_deployment),
+        namespace=str(
+            namespace
+            or neli_extras.get("namespace")
+            or _configured("namespace")
+            or DEFAULT_NAMESPACE
+        ),
+        ledger_topic=ledger_topic or neli_extras.get("ledger_topic") or None,
+        kafka_config=kafka_config,
+        connect_timeout=connect_timeout,
+        profile=_optional_text(neli_extras.get("profile")),
+        group_protocol=_optional_text(neli_extras.get("group_protocol")),
+        **timeouts,
+    )
+
+
+def _optional_text(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+def _mask(secret: str) -> None:
+    try:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(secret)
+    except Exception:  # noqa: BLE001 - masking is best effort outside a task process
+        logger.debug("could not register a secret with the masker", exc_info=True)
+
+
+class NeliHook(BaseHook):
+    """Build NELI and singleton configuration from an Airflow connection (``neli`` or ``kafka``).
+
+    :param neli_conn_id: the connection; type ``neli`` or the Kafka provider's ``kafka``.
+    :param deployment: this deployment's id; overrides the connection and ``[neli] deployment``.
+    :param namespace: group/topic prefix; overrides the connection (default ``neli``).
+    :param ledger_topic: run ledger topic; overrides the connection.
+    :param timeouts: ``handoff_timeout``, ``acquire_timeout``, ``heartbeat_timeout``,
+        ``session_timeout``, ``connect_timeout`` in seconds; override the connection.
+    :param connection: an already fetched connection (triggers fetch it asynchronously).
+    """
+
+    conn_name_attr = "neli_conn_id"
+    default_conn_name = "neli_default"
+    conn_type = NELI_CONN_TYPE
+    hook_name = "NELI (Kafka leadership)"
+
+    def __init__(
+        self,
+        neli_conn_id: str = default_conn_name,
+        *,
+        deployment: str | None = None,
+        namespace: str | None = None,
+        ledger_topic: str | None = None,
+        connection: Connection | None = None,
+        **timeouts: float | None,
+    ) -> None:
+        super().__init__()
+        self.neli_conn_id = neli_conn_id
+        self._deployment = deployment
+        self._namespace = namespace
+        self._ledger_topic = ledger_topic
+        self._timeouts = dict(timeouts)
+        unknown = set(self._timeouts) - set(_TIMEOUT_EXTRAS)
+        if unknown:
+            raise ConfigError(
+                f"NeliHook got unknown settings {sorted(unknown)}; known: {list(_TIMEOUT_EXTRAS)}"
+            )
+        self._connection = connection
+        self._settings: NeliConnectionSettings | None = None
+
+    def __repr__(self) -> str:
+        return f"NeliHook(neli_conn_id={self.neli_conn_id!r})"
+
+    @property
+    def settings(self) -> NeliConnectionSettings:
+        """The connection's NELI settings (read once, cached)."""
+        if self._settings is None:
+            conn = self._connection or self.get_connection(self.neli_conn_id)
+            self._settings = settings_from_connection(
+                conn,
+                deployment=self._deployment,
+                namespace=self._namespace,
+                ledger_topic=self._ledger_topic,
+                overrides=self._timeouts,
+            )
+            logger.debug("NELI settings: %s", self._settings.describe())
+        return self._settings
+
+    @property
+    def deployment(self) -> str:
+        """This deployment's id."""
+        return self.settings.deployment
+
+    def get_conn(self) -> Singleton:
+        """Return a new Singleton for this connection (same as :meth:`get_singleton`)."""
+        return self.get_singleton()
+
+    def neli_config(self) -> NeliConfig:
+        """Build the protocol core's NeliConfig: group ``<namespace>``, topic ``<namespace>.neli``.
+
+        The singleton layer derives each role's group from it (``<namespace>.<role>``).
+        """
+        from neli_orchestrate.core import NeliConfig
+
+        s = self.settings
+        options: dict[str, Any] = {
+            "bootstrap_servers": s.bootstrap_servers,
+            "group_id": s.group_id,
+            "topic": s.leader_topic,
+            "kafka_config": dict(s.kafka_config),
+        }
+        if s.profile is not None:
+            options["profile"] = s.profile
+        if s.group_protocol is not None:
+            options["group_protocol"] = s.group_protocol
+        if s.session_timeout is not None:
+            options["session_timeout"] = s.session_timeout
+        if s.heartbeat_timeout is not None:
+            options["heartbeat_timeout"] = s.heartbeat_timeout
+        return NeliConfig(**options)
+
+    def singleton_config(self) -> SingletonConfig:
+        """Build the SingletonConfig (deployment, ledger topic, handoff/acquire timeouts)."""
+        from neli_orchestrate.singleton import SingletonConfig
+
+        s = self.settings
+        options: dict[str, Any] = {
+            "neli": self.neli_config(),
+            "deployment": s.deployment,
+            "ledger_topic": s.resolved_ledger_topic,
+        }
+        if s.handoff_timeout is not None:
+            options["handoff_timeout"] = s.handoff_timeout
+        if s.acquire_timeout is not None:
+            options["acquire_timeout"] = s.acquire_timeout
+        return SingletonConfig(**options)
+
+    def get_singleton(self) -> Singleton:
+        """Return a new :class:`~neli_orchestrate.Singleton`; close it after use."""
+        from neli_orchestrate.singleton import Singleton
+
+        return Singleton(self.singleton_config())
+
+    def role_group(self, role: str) -> str:
+        """The consumer group whose members compete to lead ``role``."""
+        return str(self.singleton_config().role_neli(role).resolved.group_id)
+
+    def role_members(self, role: str) -> int:
+        """How many members are in ``role``'s group right now, read-only (no join, no rebalance).
+
+        Non-zero means some deployment leads the role or is trying to: a waiting gate should
+        not join then, because every join rebalances the group the running leader is in.
+        Raises KafkaUnavailableError when the brokers do not answer.
+        """
+        from confluent_kafka.admin import AdminClient
+
+        from neli_orchestrate.errors import KafkaUnavailableError
+
+        s = self.settings
+        group = self.role_group(role)
+        admin = AdminClient(
+            {
+                **s.client_config(),
+                "socket.timeout.ms": int(s.connect_timeout * 1000),
+                "logger": logging.getLogger("neli_orchestrate.airflow.kafka"),
+            }
+        )
+        try:
+            futures = admin.describe_consumer_groups([group], request_timeout=s.connect_timeout)
+            description = futures[group].result(timeout=s.connect_timeout + 5)
+        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            raise KafkaUnavailableError(
+                f"cannot describe consumer group {group!r} at {s.bootstrap_servers}: "
+                f"{_safe_text(str(exc), s)}"
+            ) from exc
+        return len(description.members or [])
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Check that the brokers answer and the ledger topic exists; return (ok, message)."""
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            s = self.settings
+        except Exception as exc:  # noqa: BLE001 - the UI shows the message
+            return False, f"invalid connection: {exc}"
+        timeout = s.connect_timeout
+        config = {
+            **s.client_config(),
+            "socket.timeout.ms": int(timeout * 1000),
+            "logger": logging.getLogger("neli_orchestrate.airflow.kafka"),
+        }
+        try:
+            admin = AdminClient(config)
+            metadata = admin.list_topics(timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - KafkaException, config errors, timeouts
+            return False, (
+                f"cannot reach Kafka at {s.bootstrap_servers} within {timeout:g} s "
+                f"({type(exc).__name__}: {_safe_text(str(exc), s)})"
+            )
+        brokers = len(metadata.brokers)
+        ledger = s.resolved_ledger_topic
+        topics = (
+            f"ledger topic {ledger!r} exists"
+            if ledger in metadata.topics
+            else f"ledger topic {ledger!r} does not exist yet (created on first use, which "
+            "needs the CreateTopics permission)"
+        )
+        return True, (
+            f"reached {brokers} broker(s) at {s.bootstrap_servers}; {topics}; deployment "
+            f"{s.deployment!r}, namespace {s.namespace!r}"
+        )
+
+
+def _safe_text(text: str, settings: NeliConnectionSettings) -> str:
+    for key, value in settings.kafka_config.items():
+        if is_secret_key(key) and isinstance(value, str) and value:
+            text = text.replace(value, "***")
+    return text

@@ -1,0 +1,299 @@
+"""LeaderGateOperator: let one deployment claim a run; skip it everywhere else once it is done.
+
+Usage::
+
+    gate = LeaderGateOperator(task_id="gate", role="nycflights_daily")
+    job = FencedSparkSubmitOperator(task_id="job", application="jobs/nycflights_daily.py")
+    gate >> job >> report
+
+Every deployment runs the same DAG. For each run the gate asks the run ledger (through
+:meth:`neli_orchestrate.Singleton.reserve`) what to do:
+
+- ``RUN``: this deployment now holds the claim. The gate succeeds and pushes
+  ``{"token", "run_key", "role", "deployment"}`` as its return value XCom; the fenced task
+  downstream re-verifies the claim and runs under it.
+- ``SKIP_DONE``: the run is ``COMPLETED`` (here or elsewhere). The gate succeeds, logs where
+  and when the run completed, and skips everything downstream.
+- ``WAIT``: another deployment leads the role or holds a live claim. The gate keeps waiting
+  (poke, reschedule or deferred), and never skips: a run nobody has completed must stay
+  runnable here in case the other deployment dies.
+
+.. note:: The gate waits at most ``timeout`` seconds (sensor semantics; default from
+   ``[sensors] default_timeout``) and then fails, which leaves the run for a later retry or a
+   manual clear. It does not skip on timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue, SkipMixin
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from neli_orchestrate.singleton import Singleton
+
+logger = logging.getLogger(__name__)
+
+#: Default run key: the same string in every deployment for the same logical date. Runs without
+#: a logical date (asset-triggered, or manual with logical_date=None) fall back to the run id,
+#: which differs between deployments; give such DAGs an explicit run_key.
+DEFAULT_RUN_KEY = "{{ dag.dag_id }}/{{ ts if logical_date else run_id }}"
+
+#: XCom key under which a skipping gate records the ledger entry it found.
+DONE_ELSEWHERE_XCOM_KEY = "neli_done"
+
+CLAIM_KEYS = ("token", "run_key", "role", "deployment")
+
+
+def format_epoch(at: float | None) -> str:
+    """Render a ledger timestamp (epoch seconds) as ISO-8601 UTC for log lines."""
+    if at is None:
+        return "an unknown time"
+    return dt.datetime.fromtimestamp(at, tz=dt.UTC).isoformat(timespec="seconds")
+
+
+def describe_record(record: Any) -> str:
+    """One log line about a ledger record: state, where, when, token."""
+    if record is None:
+        return "no ledger record"
+    state = getattr(record.state, "value", record.state)
+    text = (
+        f"{state} by deployment {record.deployment!r} (member {record.member}) at "
+        f"{format_epoch(record.at)} with token {record.token}"
+    )
+    deadline = getattr(record, "handoff_deadline", None)
+    if state == "CLAIMED" and deadline is not None:
+        text += f", claim live until {format_epoch(deadline)}"
+    if getattr(record, "reason", ""):
+        text += f" (reason: {record.reason})"
+    return text
+
+
+def record_to_dict(record: Any) -> dict[str, Any] | None:
+    """A JSON-safe view of a ledger record (for XCom and trigger events)."""
+    if record is None:
+        return None
+    return {
+        "state": str(getattr(record.state, "value", record.state)),
+        "token": record.token,
+        "deployment": record.deployment,
+        "member": record.member,
+        "attempt": record.attempt,
+        "at": record.at,
+        "reason": record.reason,
+    }
+
+
+@contextlib.contextmanager
+def open_singleton(hook: NeliHook) -> Iterator[Singleton]:
+    """Yield a Singleton from ``hook`` and always close it (leaving the group at once)."""
+    singleton = hook.get_singleton()
+    try:
+        yield singleton
+    finally:
+        singleton.close()
+
+
+def _busy_reservation(singleton: Any, role: str, run_key: str, members: int) -> Any:
+    """What a gate concludes without joining a busy role group: SKIP_DONE or WAIT."""
+    from neli_orchestrate.decision import Outcome
+    from neli_orchestrate.ledger import RunState
+    from neli_orchestrate.singleton import Reservation
+
+    record = singleton.status(role, run_key)
+    # COMPLETED is final (read_committed ledger): skipping needs no leadership.
+    if record is not None and record.state is RunState.COMPLETED:
+        outcome, reason = Outcome.SKIP_DONE, "completed"
+    else:
+        outcome = Outcome.WAIT
+        reason = f"role {role!r} is busy ({members} member(s) in its group lead or wait for it)"
+    return Reservation(
+        role=role,
+        run_key=run_key,
+        outcome=outcome,
+        reason=reason,
+        token=None,
+        record=record,
+        deployment=singleton.config.deployment,
+    )
+
+
+class LeaderGateOperator(BaseSensorOperator, SkipMixin):
+    """Claim this run for this deployment, or skip downstream when it completed elsewhere.
+
+    :param role: the singleton role (templated); one holder at a time. Template it per date
+        (``"daily/{{ ds }}"``) to let dates run in parallel.
+    :param run_key: the run's exactly-once key (templated); default
+        ``"<dag_id>/<logical date ISO>"`` (the run id when there is no logical date).
+    :param neli_conn_id: ``neli`` or ``kafka`` connection (see NeliHook).
+    :param deployment: overrides the connection's deployment id.
+    :param acquire_timeout: seconds one attempt waits to lead the role (connection default).
+    :param deferrable: wait in the triggerer (NeliLeadershipTrigger) instead of a worker slot.
+    :param mode: ``poke`` (hold a worker slot) or ``reschedule`` (free it between attempts).
+    :param poke_interval: seconds between attempts while waiting (default 30).
+    """
+
+    template_fields: Sequence[str] = ("role", "run_key")
+    ui_color = "#d7ecd9"
+    inherits_from_skipmixin = True
+
+    def __init__(
+        self,
+        *,
+        role: str,
+        run_key: str | None = None,
+        neli_conn_id: str = NeliHook.default_conn_name,
+        deployment: str | None = None,
+        acquire_timeout: float | None = None,
+        deferrable: bool = False,
+        poke_interval: float | timedelta = 30,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        if not role:
+            raise ValueError(f"{type(self).__name__} {self.task_id!r}: role must not be empty")
+        self.role = role
+        self.run_key = run_key or DEFAULT_RUN_KEY
+        self.neli_conn_id = neli_conn_id
+        self.deployment = deployment
+        self.acquire_timeout = acquire_timeout
+        self.deferrable = deferrable
+
+    def _hook(self) -> NeliHook:
+        return NeliHook(
+            self.neli_conn_id, deployment=self.deployment, acquire_timeout=self.acquire_timeout
+        )
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        result = self.poke(context)
+        if result:
+            return result.xcom_value if isinstance(result, PokeReturnValue) else None
+        self._defer()
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        """Resume after NeliLeadershipTrigger fired: decide again (never trust the trigger)."""
+        event = event or {}
+        if event.get("status") == "error":
+            raise AirflowException(f"NELI trigger failed: {event.get('message')}")
+        result = self.poke(context)
+        if result:
+            return result.xcom_value if isinstance(result, PokeReturnValue) else None
+        self._defer()
+
+    def _defer(self) -> None:
+        from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
+
+        self.defer(
+            trigger=NeliLeadershipTrigger(
+                role=self.role,
+                run_key=self.run_key,
+                neli_conn_id=self.neli_conn_id,
+                deployment=self.deployment,
+                acquire_timeout=self.acquire_timeout,
+                poll_interval=self.poke_interval,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        """One attempt: reserve the run and act on the outcome (RUN, SKIP_DONE or WAIT)."""
+        from neli_orchestrate.decision import Outcome
+
+        hook = self._hook()
+        try:
+            with open_singleton(hook) as singleton:
+                busy = hook.role_members(self.role)
+                if busy:
+                    # Someone leads the role or is acquiring it. Joining now would rebalance
+                    # the group under a running leader: read the ledger instead.
+                    reservation = _busy_reservation(singleton, self.role, self.run_key, busy)
+                else:
+                    reservation = singleton.reserve(self.role, self.run_key)
+        except ConfigError as exc:
+            # Configuration does not fix itself between pokes or retries.
+            raise AirflowFailException(f"NELI configuration error: {exc}") from exc
+        except KafkaUnavailableError as exc:
+            # A deployment cut off from Kafka waits: the others can still run the work, and a
+            # skip here could lose the run.
+            self.log.warning(
+                "Kafka unavailable, will try again (run %r of role %r): %s",
+                self.run_key,
+                self.role,
+                exc,
+            )
+            return False
+        outcome = reservation.outcome
+        deployment = hook.deployment
+        if reservation.should_run:
+            claim = {
+                "token": reservation.token,
+                "run_key": self.run_key,
+                "role": self.role,
+                "deployment": deployment,
+            }
+            self.log.info(
+                "Claimed run %r of role %r for deployment %r with fencing token %s (%s; "
+                "previous: %s)",
+                self.run_key,
+                self.role,
+                deployment,
+                reservation.token,
+                outcome,
+                describe_record(reservation.record),
+            )
+            return PokeReturnValue(is_done=True, xcom_value=claim)
+        if outcome is Outcome.SKIP_DONE:
+            self._skip_downstream(context, reservation.record)
+            return PokeReturnValue(is_done=True, xcom_value=None)
+        if outcome is Outcome.WAIT:
+            self.log.info(
+                "Waiting: run %r of role %r is not ours to run yet: %s (latest record: %s); "
+                "next attempt in %ss",
+                self.run_key,
+                self.role,
+                reservation.reason,
+                describe_record(reservation.record),
+                self.poke_interval,
+            )
+            return False
+        if outcome is Outcome.GIVE_UP:
+            raise AirflowFailException(
+                f"run {self.run_key!r} of role {self.role!r} failed for good (max attempts "
+                f"reached): {describe_record(reservation.record)}; clear it in the ledger to "
+                "run it again"
+            )
+        raise AirflowException(f"unexpected reservation outcome {outcome!r} for {self.run_key!r}")
+
+    def _skip_downstream(self, context: Context, record: Any) -> None:
+        ti = context["ti"]
+        downstream = list(self.get_flat_relatives(upstream=False))
+        where = (
+            f"deployment {record.deployment!r} at {format_epoch(record.at)} "
+            f"(token {record.token})"
+            if record is not None
+            else "another deployment"
+        )
+        self.log.info(
+            "Run %r of role %r already completed by %s; skipping downstream %s",
+            self.run_key,
+            self.role,
+            where,
+            sorted(t.task_id for t in downstream),
+        )
+        ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=record_to_dict(record))
+        # Raises DownstreamTasksSkipped when there is anything to skip.
+        self.skip(ti=ti, tasks=downstream)

@@ -1,0 +1,1 @@
+"""Sensors of the neli-orchestrate Airflow provider."""

@@ -1,0 +1,214 @@
+"""The handle a Dagster op or asset gets inside ``with neli.singleton(context) as run:``.
+
+It carries the decision (run here, or skip because another deployment completed the run key),
+the fencing token, and the Dagster-facing pieces: Output metadata, Spark conf, a Spark job
+canceller wired to the fence callback, and the conversion of a fence into ``dagster.Failure``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+
+from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.spark.conf import SparkJobCanceller, cancel_on_fence, neli_spark_conf
+
+if TYPE_CHECKING:
+    from neli_orchestrate.decision import Outcome
+    from neli_orchestrate.ledger import LedgerRecord
+
+logger = logging.getLogger(__name__)
+
+FenceCallback = Callable[[str], Any]
+
+# Tag the Dagster docs suggest for runs of scheduled jobs; the same tick in every deployment.
+SCHEDULED_EXECUTION_TIME_TAG = "dagster/scheduled_execution_time"
+
+
+class NeliRun:
+    """One singleton run of a role and run key, as seen by the op or asset doing the work.
+
+    Use :attr:`should_run` to decide whether to work; pass :attr:`metadata` to your ``Output``
+    or ``MaterializeResult``; wrap in-process Spark actions in :meth:`cancel_spark_on_fence`.
+
+    .. note:: A fence cannot stop arbitrary Python code: Spark jobs registered through
+       :meth:`cancel_spark_on_fence` are cancelled by the watchdog thread, everything else must
+       call :meth:`check` between units of work (or register its own :meth:`on_fence`).
+    """
+
+    def __init__(
+        self,
+        *,
+        role: str,
+        run_key: str,
+        deployment: str,
+        outcome: Outcome,
+        should_run: bool,
+        token: int | None,
+        record: LedgerRecord | None,
+        handle: Any | None,
+    ) -> None:
+        self.role = role
+        self.run_key = run_key
+        self.deployment = deployment
+        self.outcome = outcome
+        self.token = token
+        self.record = record
+        #: Why the decision table decided as it did (from the singleton layer).
+        self.reason: str = str(getattr(handle, "reason", "") or "")
+        self._should_run = should_run
+        self._handle = handle
+        self._fenced = threading.Event()
+        self._fence_reason: str | None = None
+        if handle is not None and should_run:
+            # Registered first, so the run knows it was fenced before user callbacks run and
+            # before the cancelled work's exception reaches the step.
+            handle.on_fence(self._note_fence)
+
+    @property
+    def should_run(self) -> bool:
+        """True when this deployment holds the claim and must do the work now."""
+        return self._should_run
+
+    @property
+    def fenced(self) -> bool:
+        """True once the watchdog reported that this member lost the role."""
+        return self._fenced.is_set() or bool(getattr(self._handle, "fenced", False))
+
+    @property
+    def fence_reason(self) -> str | None:
+        """Why the run was fenced (from the watchdog), or None."""
+        return self._fence_reason
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Metadata for the step's Output / MaterializeResult: token, deployment, role, run key."""
+        return {
+            "token": self.token,
+            "deployment": self.deployment,
+            "role": self.role,
+            "run_key": self.run_key,
+        }
+
+    def check(self) -> None:
+        """Raise ``FencedError`` if this member no longer leads the role or was superseded.
+
+        Inside ``neli.singleton(...)`` the error becomes a ``dagster.Failure`` without retry.
+        """
+        if self._handle is None or not self._should_run:
+            return
+        self._handle.check()
+
+    def on_fence(self, callback: FenceCallback) -> None:
+        """Call ``callback(reason)`` from the watchdog thread when the run is fenced.
+
+        Callbacks must be quick and must not raise; they run before the step fails.
+        """
+        if self._handle is None or not self._should_run:
+            raise ConfigError(
+                f"on_fence() needs a run that executes here; run key {self.run_key!r} of role "
+                f"{self.role!r} has outcome {self.outcome} (check run.should_run first)"
+            )
+        self._handle.on_fence(callback)
+
+    def spark_conf(self) -> dict[str, str]:
+        """Return the ``spark.neli.*`` conf that hands the token to a spark-submit job."""
+        if self.token is None:
+            raise ConfigError(
+                f"run key {self.run_key!r} of role {self.role!r} has no token here "
+                f"(outcome {self.outcome}); only a run that executes gets one"
+            )
+        return neli_spark_conf(self.token, self.run_key, self.role, self.deployment)
+
+    def cancel_spark_on_fence(self, spark: Any) -> SparkJobCanceller:
+        """Tag this thread's Spark jobs so a fence cancels them; use as a context manager.
+
+        ``spark`` is a SparkSession or SparkContext. The job group is
+        ``neli/<role>/<run key>/<token>``::
+
+            with run.cancel_spark_on_fence(spark):
+                df.write.parquet(...)
+        """
+        if self.token is None:
+            raise ConfigError(
+                f"cancel_spark_on_fence() needs a run that executes here (outcome {self.outcome})"
+            )
+        canceller = cancel_on_fence(spark, f"neli/{self.role}/{self.run_key}/{self.token}")
+        self.on_fence(canceller)
+        return canceller
+
+    def fence_failure(self, cause: BaseException) -> dg.Failure:
+        """Return the ``dagster.Failure`` (no retry) that reports this run's fence."""
+        reason = self._fence_reason or str(cause)
+        return dg.Failure(
+            description=(
+                f"fenced: deployment {self.deployment!r} lost role {self.role!r} while running "
+                f"run key {self.run_key!r} with token {self.token}: {reason}. Its work was "
+                "stopped; another deployment owns the run now, so this step is not retried."
+            ),
+            metadata={k: v for k, v in self.metadata.items() if v is not None},
+            allow_retries=False,
+        )
+
+    def _note_fence(self, reason: object = None) -> None:
+        self._fence_reason = str(reason) if reason is not None else "leadership lost"
+        self._fenced.set()
+        logger.warning(
+            "run key %r of role %r (token %s) fenced: %s",
+            self.run_key,
+            self.role,
+            self.token,
+            self._fence_reason,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"NeliRun(role={self.role!r}, run_key={self.run_key!r}, "
+            f"deployment={self.deployment!r}, outcome={self.outcome}, token={self.token})"
+        )
+
+
+def _op_context(context: Any) -> Any:
+    # AssetExecutionContext wraps an OpExecutionContext; both are accepted everywhere.
+    return getattr(context, "op_execution_context", context)
+
+
+def default_role(context: Any) -> str:
+    """Return the role of the executing step: the asset key (``a/b``), else the op's node path."""
+    op_context = _op_context(context)
+    if op_context.has_assets_def:
+        keys = list(op_context.assets_def.keys_by_output_name.values())
+        if len(keys) == 1:
+            return keys[0].to_user_string()
+    return str(op_context.node_handle)
+
+
+def default_run_key(context: Any) -> str:
+    """Return the run key of the executing step: its partition key; ConfigError otherwise."""
+    op_context = _op_context(context)
+    if op_context.has_partition_key:
+        return str(op_context.partition_key)
+    step = str(op_context.node_handle)
+    if op_context.has_partition_key_range:
+        key_range = op_context.partition_key_range
+        raise ConfigError(
+            f"step {step!r} runs over the partition range {key_range.start}..{key_range.end}; "
+            "a singleton needs one run key per run: launch one run per partition (a backfill "
+            "with one run per partition) or pass run_key= explicitly"
+        )
+    hint = ""
+    scheduled = op_context.run.tags.get(SCHEDULED_EXECUTION_TIME_TAG)
+    if scheduled:
+        hint = (
+            f"; this run comes from a schedule tick, e.g. run_key=context.run.tags"
+            f"[{SCHEDULED_EXECUTION_TIME_TAG!r}] (here {scheduled!r})"
+        )
+    raise ConfigError(
+        f"step {step!r} has no partition key, so neli.singleton() needs an explicit run_key=: "
+        "a string every deployment derives identically for the same logical run (a date, a "
+        f"schedule tick); Dagster run ids differ between deployments and cannot serve{hint}"
+    )

@@ -1,0 +1,314 @@
+"""Fenced execution: the claim is re-verified, handed to the work, and a fence fails the task.
+
+The first tests drive the operator logic with a fake singleton (to reach the signal path
+deterministically); the last ones run against the real ledger on Kafka. The fence of a real
+spark-submit under the real task supervisor is in test_regions.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.airflow.operators.fenced import (
+    FencedExecutionMixin,
+    FencedSparkSubmitOperator,
+    fenced,
+)
+from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
+from neli_orchestrate.errors import FencedError, SkippedRun
+from neli_orchestrate.ledger import RunState
+
+pytestmark = pytest.mark.airflow
+
+A, B = "us-east-1", "eu-west-1"
+ROLE = "daily_flights"
+LOGICAL = pendulum.datetime(2013, 1, 7, tz="UTC")
+RUN_KEY = f"fenced_dag/{LOGICAL.isoformat()}"
+
+
+class Recorder(BaseOperator):
+    """An operator that records its execution (what a fenced operator wraps)."""
+
+    def __init__(self, *, block: threading.Event | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.block = block
+        self.executed = 0
+        self.killed = 0
+
+    def execute(self, context: Any) -> str:
+        self.executed += 1
+        if self.block is not None:
+            deadline = time.monotonic() + 20
+            while not self.block.is_set():
+                assert time.monotonic() < deadline, "the fence never interrupted the work"
+                time.sleep(0.02)
+        return "result"
+
+    def on_kill(self) -> None:
+        self.killed += 1
+
+
+FencedRecorder = fenced(Recorder)
+
+
+class XComTI:
+    """A task instance whose XCom holds the gate's claim."""
+
+    try_number = 1
+    map_index = -1
+
+    def __init__(self, claim: Any) -> None:
+        self.claim = claim
+
+    def xcom_pull(self, task_ids: str) -> Any:
+        assert task_ids == "claim_run"
+        return self.claim
+
+
+class FakeSingleton:
+    """Stands in for Singleton.execute: records the call, runs the work, mimics fencing."""
+
+    def __init__(self, *, run_token: int | None = None, error: Exception | None = None) -> None:
+        self.run_token = run_token
+        self.error = error
+        self.calls: list[tuple[str, str, int]] = []
+        self.fenced: str | None = None
+        self.config = SimpleNamespace(deployment=A)
+
+    def execute(self, role, run_key, token, work, *, on_fence=None):
+        self.calls.append((role, run_key, token))
+        if self.error is not None:
+            raise self.error
+        run = SimpleNamespace(token=self.run_token or token, reason="re-claimed", role=role)
+
+        def fence(reason: str) -> None:
+            self.fenced = reason
+            on_fence(reason)
+
+        self.fence = fence
+        try:
+            return work(run)
+        except BaseException as exc:
+            if self.fenced is not None:  # as Singleton does: a fenced run raises FencedError
+                raise FencedError(f"fenced: {self.fenced}", role=role, token=token) from exc
+            raise
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch, neli_env_offline) -> FakeSingleton:
+    singleton = FakeSingleton()
+    monkeypatch.setattr(NeliHook, "get_singleton", lambda self: singleton)
+    return singleton
+
+
+@pytest.fixture
+def neli_env_offline(monkeypatch) -> str:
+    """A neli_default connection (never contacted by the fake singleton)."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_NELI_DEFAULT",
+        '{"conn_type": "neli", "host": "127.0.0.1:9", "extra": {"deployment": "us-east-1"}}',
+    )
+    return "neli_default"
+
+
+def dag_with(task_factory, *, gate: bool = True, conn_id: str = "neli_default") -> Any:
+    with DAG("fenced_dag", schedule=None, start_date=LOGICAL):
+        task = task_factory()
+        if gate:
+            LeaderGateOperator(task_id="claim_run", role=ROLE, neli_conn_id=conn_id) >> task
+    return task
+
+
+def claim(token: int = 5) -> dict[str, Any]:
+    return {"token": token, "run_key": RUN_KEY, "role": ROLE, "deployment": A}
+
+
+def context_for(task: Any, value: Any) -> dict[str, Any]:
+    return {"ti": XComTI(value), "dag": task.dag}
+
+
+def test_fenced_operator_runs_the_wrapped_execute_under_the_gates_claim(fake) -> None:
+    task = dag_with(lambda: FencedRecorder(task_id="job"))
+    before = signal.getsignal(signal.SIGUSR1)
+    assert task.execute(context_for(task, claim(5))) == "result"
+    assert fake.calls == [(ROLE, RUN_KEY, 5)]
+    assert task.executed == 1
+    assert signal.getsignal(signal.SIGUSR1) == before  # the fence handler is removed again
+
+
+def test_spark_job_gets_the_token_of_the_current_claim_as_spark_conf(fake, monkeypatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, ctx: seen.update(self.conf))
+    fake.run_token = 12  # a retry re-claimed the run: the work must use the new token
+    task = dag_with(
+        lambda: FencedSparkSubmitOperator(
+            task_id="job", application="job.py", conf={"spark.sql.shuffle.partitions": "2"}
+        )
+    )
+    task.execute(context_for(task, claim(5)))
+    assert seen == {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.neli.token": "12",
+        "spark.neli.run_key": RUN_KEY,
+        "spark.neli.role": ROLE,
+        "spark.neli.deployment": A,
+        "spark.neli.attempt": "1",
+    }
+
+
+def test_completed_elsewhere_skips_the_task(fake) -> None:
+    fake.error = SkippedRun("run is already completed by eu-west-1 with token 9")
+    task = dag_with(lambda: FencedRecorder(task_id="job"))
+    with pytest.raises(AirflowSkipException, match="completed by eu-west-1"):
+        task.execute(context_for(task, claim()))
+    assert task.executed == 0
+
+
+def test_superseded_claim_fails_the_task_naming_the_new_owner_and_token(fake) -> None:
+    fake.error = FencedError(
+        "claim 5 of run 'x' is no longer ours: superseded by token 9 of eu-west-1 (CLAIMED)",
+        role=ROLE,
+        token=5,
+    )
+    task = dag_with(lambda: FencedRecorder(task_id="job"))
+    with pytest.raises(AirflowFailException, match="superseded by token 9 of eu-west-1"):
+        task.execute(context_for(task, claim()))
+    assert task.executed == 0
+
+
+def test_a_fence_from_the_watchdog_thread_kills_the_work_and_fails_the_task(fake) -> None:
+    release = threading.Event()
+    task = dag_with(lambda: FencedRecorder(task_id="job", block=release))
+
+    def watchdog() -> None:
+        while task.executed == 0:
+            time.sleep(0.01)
+        fake.fence("leadership lost (own heartbeat missing or partition lost)")
+
+    thread = threading.Thread(target=watchdog)
+    thread.start()
+    try:
+        with pytest.raises(AirflowFailException, match="Fenced.*leadership lost") as failed:
+            task.execute(context_for(task, claim(5)))
+    finally:
+        release.set()
+        thread.join()
+    assert task.killed == 1  # on_kill ran in the main thread, inside the signal handler
+    assert "token 5" in str(failed.value)
+
+
+def test_stray_sigusr1_does_not_disturb_the_work(fake) -> None:
+    release = threading.Event()
+    task = dag_with(lambda: FencedRecorder(task_id="job", block=release))
+
+    def poke() -> None:
+        while task.executed == 0:
+            time.sleep(0.01)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+        time.sleep(0.2)
+        release.set()
+
+    thread = threading.Thread(target=poke)
+    thread.start()
+    assert task.execute(context_for(task, claim())) == "result"
+    thread.join()
+    assert task.killed == 0
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: dag_with(lambda: FencedRecorder(task_id="job"), gate=False), "found none"),
+        (
+            lambda: dag_with(lambda: FencedRecorder(task_id="job", gate_task_id="nope")),
+            "not a LeaderGateOperator",
+        ),
+    ],
+)
+def test_a_fenced_task_without_its_gate_fails_with_instructions(fake, build, message) -> None:
+    task = build()
+    with pytest.raises(AirflowFailException, match=message):
+        task.execute(context_for(task, claim()))
+
+
+def test_a_missing_claim_fails_and_says_to_clear_the_gate_too(fake) -> None:
+    task = dag_with(lambda: FencedRecorder(task_id="job"))
+    with pytest.raises(AirflowFailException, match="clear the gate together"):
+        task.execute(context_for(task, None))
+
+
+def test_fenced_wraps_any_operator_class_once() -> None:
+    cls = fenced(BashOperator)
+    assert cls is fenced(BashOperator)
+    assert cls.__name__ == "FencedBashOperator"
+    assert issubclass(cls, FencedExecutionMixin) and issubclass(cls, BashOperator)
+    assert fenced(cls) is cls
+    assert fenced(FencedSparkSubmitOperator) is FencedSparkSubmitOperator
+    with pytest.raises(TypeError):
+        fenced(dict)  # type: ignore[arg-type]
+    task = cls(task_id="t", bash_command="echo hi", gate_task_id="claim_run")
+    assert (task.bash_command, task.gate_task_id) == ("echo hi", "claim_run")
+    assert "bash_command" in task.template_fields
+
+
+# -- against the real ledger -----------------------------------------------------------------
+
+
+@pytest.mark.kafka
+def test_real_ledger_fenced_task_completes_once_then_skips_and_superseded_fails(
+    neli_env,
+) -> None:
+    conn_a, conn_b = neli_env(A), neli_env(B)
+    with NeliHook(conn_a).get_singleton() as mine:
+        reservation = mine.reserve(ROLE, RUN_KEY)
+    assert reservation.should_run
+
+    FencedBash = fenced(BashOperator)
+    task = dag_with(
+        lambda: FencedBash(task_id="job", bash_command="echo fenced work"), conn_id=conn_a
+    )
+    context = context_for(task, claim(reservation.token))
+    task.execute(context)
+    with NeliHook(conn_a).get_singleton() as mine:
+        done = mine.status(ROLE, RUN_KEY)
+    assert (done.state, done.deployment, done.token) == (
+        RunState.COMPLETED,
+        A,
+        reservation.token,
+    )
+
+    # a cleared and re-run fenced task finds the run completed: skipped, nothing re-run
+    again = dag_with(lambda: FencedBash(task_id="job", bash_command="exit 1"), conn_id=conn_a)
+    with pytest.raises(AirflowSkipException, match="completed"):
+        again.execute(context_for(again, claim(reservation.token)))
+
+    # superseded: B takes over A's claim of another run once its handoff deadline passed
+    other_key = RUN_KEY + "-2"
+    with NeliHook(conn_a).get_singleton() as mine:
+        first = mine.reserve(ROLE, other_key)
+    with NeliHook(conn_b).get_singleton() as theirs:
+        deadline = theirs.status(ROLE, other_key).handoff_deadline
+        while time.time() <= deadline + 1.5:  # handoff + max clock error
+            time.sleep(0.2)
+        second = theirs.reserve(ROLE, other_key)
+    assert second.should_run and second.token > first.token
+    late = dag_with(lambda: FencedBash(task_id="job", bash_command="exit 1"), conn_id=conn_a)
+    stale = {"token": first.token, "run_key": other_key, "role": ROLE, "deployment": A}
+    with pytest.raises(AirflowFailException) as failed:
+        late.execute(context_for(late, stale))
+    assert B in str(failed.value) and str(second.token) in str(failed.value)

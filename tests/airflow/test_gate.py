@@ -1,0 +1,303 @@
+"""Each row of the decision table, through LeaderGateOperator, against the real Kafka ledger.
+
+Deployment A ("us-east-1") runs the gate; deployment B ("eu-west-1") is another region acting
+on the same run through the singleton layer. The gate runs in-process with a recording task
+instance (the real task supervisor is exercised in test_regions.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pendulum
+import pytest
+import structlog
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import (
+    AirflowRescheduleException,
+    DownstreamTasksSkipped,
+    TaskDeferred,
+)
+
+from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY, LeaderGateOperator
+from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
+from neli_orchestrate.ledger import RunState
+
+pytestmark = [pytest.mark.airflow, pytest.mark.kafka]
+
+A, B = "us-east-1", "eu-west-1"
+ROLE = "daily_flights"
+DAG_ID = "gate_rows"
+LOGICAL = pendulum.datetime(2013, 1, 5, tz="UTC")
+RUN_KEY = f"{DAG_ID}/{LOGICAL.isoformat()}"
+
+
+class RecordingTI:
+    """The slice of a task instance the gate uses: XCom pushes and reschedule bookkeeping."""
+
+    map_index = -1
+    try_number = 1
+
+    def __init__(self) -> None:
+        self.xcom: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcom[key] = value
+
+    def get_first_reschedule_date(self, context: Any) -> None:
+        return None
+
+
+def gate_for(conn_id: str, **kwargs: Any) -> LeaderGateOperator:
+    kwargs.setdefault("poke_interval", 0.5)
+    kwargs.setdefault("timeout", 60)
+    with DAG(DAG_ID, schedule=None, start_date=LOGICAL):
+        gate = LeaderGateOperator(task_id="claim_run", role=ROLE, neli_conn_id=conn_id, **kwargs)
+        gate >> EmptyOperator(task_id="spark_job") >> EmptyOperator(task_id="report")
+    return gate
+
+
+def run_gate(
+    gate: LeaderGateOperator, method: str = "execute", ti: RecordingTI | None = None, **kwargs: Any
+) -> tuple[Any, RecordingTI]:
+    ti = ti or RecordingTI()
+    context: dict[str, Any] = {
+        "dag": gate.dag,
+        "ti": ti,
+        "task_instance": ti,
+        "logical_date": LOGICAL,
+        "ts": LOGICAL.isoformat(),
+        "run_id": "manual__2013-01-05",
+    }
+    gate.render_template_fields(context)
+    return getattr(gate, method)(context, **kwargs), ti
+
+
+@pytest.fixture
+def conns(neli_env) -> dict[str, str]:
+    return {A: neli_env(A), B: neli_env(B)}
+
+
+@pytest.fixture
+def other(conns):
+    """Deployment B's singleton."""
+    with NeliHook(conns[B]).get_singleton() as singleton:
+        yield singleton
+
+
+def ledger(conns) -> Any:
+    with NeliHook(conns[A]).get_singleton() as singleton:
+        return singleton.status(ROLE, RUN_KEY)
+
+
+def messages(logs: list[dict[str, Any]]) -> str:
+    out = []
+    for entry in logs:
+        args = entry.get("positional_args")
+        out.append(entry["event"] % args if args else entry["event"])
+    return "\n".join(out)
+
+
+def test_no_record_the_gate_claims_the_run_and_pushes_the_token(conns) -> None:
+    claim, ti = run_gate(gate_for(conns[A]))
+    record = ledger(conns)
+    assert claim == {"token": record.token, "run_key": RUN_KEY, "role": ROLE, "deployment": A}
+    assert (record.state, record.deployment) == (RunState.CLAIMED, A)
+    assert DONE_ELSEWHERE_XCOM_KEY not in ti.xcom
+
+
+def test_completed_elsewhere_the_gate_skips_everything_downstream_and_says_where(
+    conns, other
+) -> None:
+    reservation = other.reserve(ROLE, RUN_KEY)
+    other.execute(ROLE, RUN_KEY, reservation.token, lambda run: None)
+    done = ledger(conns)
+    assert (done.state, done.deployment) == (RunState.COMPLETED, B)
+
+    ti = RecordingTI()
+    with structlog.testing.capture_logs() as logs:
+        with pytest.raises(DownstreamTasksSkipped) as skipped:
+            run_gate(gate_for(conns[A]), ti=ti)
+    assert sorted(skipped.value.tasks) == ["report", "spark_job"]
+    text = messages(logs)
+    assert f"already completed by deployment '{B}' at " in text
+    assert f"(token {done.token})" in text
+    # the gate's XCom says what it found (the UI shows it), and pushes no claim
+    found = ti.xcom[DONE_ELSEWHERE_XCOM_KEY]
+    assert (found["state"], found["deployment"], found["token"]) == ("COMPLETED", B, done.token)
+    assert "return_value" not in ti.xcom
+    assert ledger(conns) == done  # skipping wrote nothing
+
+
+def test_live_claim_elsewhere_the_gate_waits_in_every_mode_and_never_skips(conns, other) -> None:
+    reservation = other.reserve(ROLE, RUN_KEY)
+    assert reservation.should_run
+
+    # poke: one attempt says "not yet"
+    gate = gate_for(conns[A], timeout=600)
+    ti = RecordingTI()
+    context = {"dag": gate.dag, "ti": ti, "logical_date": LOGICAL, "ts": LOGICAL.isoformat(),
+               "run_id": "r"}
+    gate.render_template_fields(context)
+    assert gate.poke(context) is False
+    assert ti.xcom == {}
+
+    # reschedule: the worker slot is given back
+    with pytest.raises(AirflowRescheduleException):
+        run_gate(gate_for(conns[A], mode="reschedule", timeout=600))
+
+    # deferrable: the wait moves to the triggerer
+    with pytest.raises(TaskDeferred) as deferred:
+        run_gate(gate_for(conns[A], deferrable=True, timeout=600))
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, NeliLeadershipTrigger)
+    assert (trigger.role, trigger.run_key, trigger.neli_conn_id) == (ROLE, RUN_KEY, conns[A])
+    assert deferred.value.method_name == "execute_complete"
+
+    record = ledger(conns)
+    assert (record.state, record.deployment, record.token) == (
+        RunState.CLAIMED,
+        B,
+        reservation.token,
+    )
+
+
+def test_claim_past_its_handoff_deadline_the_waiting_gate_takes_over(conns, other) -> None:
+    reservation = other.reserve(ROLE, RUN_KEY)
+    claimed = ledger(conns)
+    # poke mode: the gate keeps waiting while the claim is live, then takes it over
+    claim, _ = run_gate(gate_for(conns[A]))
+    record = ledger(conns)
+    assert time.time() > claimed.handoff_deadline
+    assert claim["token"] > reservation.token
+    assert (record.state, record.deployment, record.token) == (RunState.CLAIMED, A, claim["token"])
+    assert record.reason.startswith("TAKE_OVER")
+
+
+DEAD_RUNNER = """
+import sys, time
+from neli_orchestrate.airflow.hooks.neli import NeliHook
+conn_id, role, run_key = sys.argv[1:4]
+singleton = NeliHook(conn_id).get_singleton()
+reservation = singleton.reserve(role, run_key)
+assert reservation.should_run, reservation
+def work(run):
+    print("RUNNING", run.token, flush=True)
+    time.sleep(600)
+singleton.execute(role, run_key, reservation.token, work)
+"""
+
+
+def test_running_by_a_dead_runner_the_gate_takes_over_with_a_larger_token(conns) -> None:
+    runner = subprocess.Popen(
+        [sys.executable, "-c", DEAD_RUNNER, conns[B], ROLE, RUN_KEY],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=os.environ.copy(),
+    )
+    try:
+        # Airflow's logging also prints to stdout: read until the work runs (or the runner dies)
+        lines = []
+        while not (lines and lines[-1].startswith("RUNNING")):
+            line = runner.stdout.readline()
+            assert line, f"the runner died before running the work: {lines}"
+            lines.append(line)
+        running = ledger(conns)
+        assert (running.state, running.deployment) == (RunState.RUNNING, B)
+        # while B's runner is alive it leads the role: the gate waits, it does not skip
+        alive_gate = gate_for(conns[A])
+        ti = RecordingTI()
+        context = {"dag": alive_gate.dag, "ti": ti, "logical_date": LOGICAL,
+                   "ts": LOGICAL.isoformat(), "run_id": "r"}
+        alive_gate.render_template_fields(context)
+        assert alive_gate.poke(context) is False
+    finally:
+        runner.send_signal(signal.SIGKILL)
+        runner.wait()
+    claim, _ = run_gate(gate_for(conns[A]))
+    record = ledger(conns)
+    assert claim["token"] > running.token
+    assert (record.state, record.deployment, record.attempt) == (RunState.CLAIMED, A, 2)
+
+
+def test_work_running_elsewhere_the_gate_waits_then_skips_once_it_completed(conns, other) -> None:
+    reservation = other.reserve(ROLE, RUN_KEY)
+    started, release = threading.Event(), threading.Event()
+
+    def work(run: Any) -> None:
+        started.set()
+        release.wait(60)
+
+    runner = threading.Thread(
+        target=other.execute, args=(ROLE, RUN_KEY, reservation.token, work), daemon=True
+    )
+    runner.start()
+    assert started.wait(30)
+    gate = gate_for(conns[A])
+    context = {"dag": gate.dag, "ti": RecordingTI(), "logical_date": LOGICAL,
+               "ts": LOGICAL.isoformat(), "run_id": "r"}
+    gate.render_template_fields(context)
+    assert gate.poke(context) is False  # B leads the role while its work runs
+    release.set()
+    runner.join(30)
+    assert ledger(conns).state is RunState.COMPLETED
+    with pytest.raises(DownstreamTasksSkipped):
+        run_gate(gate_for(conns[A]))
+
+
+def _fail(run: Any) -> None:
+    raise RuntimeError("spark job exited with 1")
+
+
+def test_failed_elsewhere_the_failing_deployment_retries_first_then_anyone(conns, other) -> None:
+    reservation = other.reserve(ROLE, RUN_KEY)
+    with pytest.raises(RuntimeError):
+        other.execute(ROLE, RUN_KEY, reservation.token, _fail)
+    failed = ledger(conns)
+    assert (failed.state, failed.deployment) == (RunState.FAILED, B)
+    assert "spark job exited with 1" in failed.reason
+
+    gate = gate_for(conns[A])
+    context = {"dag": gate.dag, "ti": RecordingTI(), "logical_date": LOGICAL,
+               "ts": LOGICAL.isoformat(), "run_id": "r"}
+    gate.render_template_fields(context)
+    assert gate.poke(context) is False  # B's retry window
+
+    claim, _ = run_gate(gate_for(conns[A]))  # poke mode: waits out the window, takes over
+    record = ledger(conns)
+    assert claim["token"] > failed.token
+    assert (record.state, record.deployment, record.attempt) == (RunState.CLAIMED, A, 2)
+
+
+def test_failed_here_the_gate_retries_at_once_with_a_new_token(conns) -> None:
+    with NeliHook(conns[A]).get_singleton() as mine:
+        reservation = mine.reserve(ROLE, RUN_KEY)
+        with pytest.raises(RuntimeError):
+            mine.execute(ROLE, RUN_KEY, reservation.token, _fail)
+    gate = gate_for(conns[A])
+    context = {"dag": gate.dag, "ti": RecordingTI(), "logical_date": LOGICAL,
+               "ts": LOGICAL.isoformat(), "run_id": "r"}
+    gate.render_template_fields(context)
+    result = gate.poke(context)
+    assert result and result.xcom_value["token"] > reservation.token
+    record = ledger(conns)
+    assert (record.state, record.attempt) == (RunState.CLAIMED, 2)
+
+
+def test_deferred_gate_resumes_by_deciding_again(conns, other) -> None:
+    # the trigger's event is only a hint: the resumed gate reserves for itself
+    claim, _ = run_gate(gate_for(conns[A], deferrable=True), "execute_complete",
+                        event={"status": "leader"})
+    assert claim["deployment"] == A
+    with pytest.raises(Exception, match="NELI trigger failed: boom"):
+        run_gate(gate_for(conns[A], deferrable=True), "execute_complete",
+                 event={"status": "error", "message": "boom"})

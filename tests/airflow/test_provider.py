@@ -1,0 +1,99 @@
+"""The provider is discovered by Airflow and describes the `neli` connection for the UI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import distribution, entry_points
+from pathlib import Path
+
+import pytest
+
+from neli_orchestrate.airflow.provider import CONN_FIELDS, get_provider_info
+
+pytestmark = pytest.mark.airflow
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+
+
+def test_entry_point_points_at_get_provider_info() -> None:
+    points = [ep for ep in entry_points(group="apache_airflow_provider") if ep.value.startswith(
+        "neli_orchestrate.")]
+    assert [(ep.name, ep.value) for ep in points] == [
+        ("provider_info", "neli_orchestrate.airflow.provider:get_provider_info")
+    ]
+    assert points[0].load() is get_provider_info
+
+
+def test_package_name_is_the_distributions_canonical_name() -> None:
+    dist = distribution("neli-orchestrate")
+    assert get_provider_info()["package-name"] == dist.metadata["Name"].lower().replace("_", "-")
+    assert get_provider_info()["versions"] == [dist.version]
+
+
+def test_provider_info_is_valid_for_airflow() -> None:
+    import airflow
+    import jsonschema
+
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+
+
+def test_neli_connection_type_relabels_host_and_offers_kafka_and_neli_extras() -> None:
+    (conn_type,) = get_provider_info()["connection-types"]
+    assert conn_type["connection-type"] == "neli"
+    assert conn_type["hook-class-name"] == "neli_orchestrate.airflow.hooks.neli.NeliHook"
+    behaviour = conn_type["ui-field-behaviour"]
+    assert behaviour["relabeling"]["host"] == "Bootstrap servers"
+    assert {"login", "password"} <= behaviour["relabeling"].keys()
+    fields = conn_type["conn-fields"]
+    assert fields is CONN_FIELDS
+    for name in (
+        "deployment",
+        "namespace",
+        "security_protocol",
+        "sasl_mechanism",
+        "ssl_ca_location",
+        "ssl_key_password",
+        "kafka_config",
+        "handoff_timeout",
+        "acquire_timeout",
+        "session_timeout",
+        "heartbeat_timeout",
+    ):
+        assert name in fields, name
+        assert fields[name]["label"] and fields[name]["schema"]
+    # The form must mask the key password like a password field.
+    assert fields["ssl_key_password"]["schema"]["format"] == "password"
+    assert "SASL_SSL" in fields["security_protocol"]["schema"]["enum"]
+
+
+def test_airflow_providers_list_shows_the_provider(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env["AIRFLOW_HOME"] = str(tmp_path)
+    listing = subprocess.run(
+        [AIRFLOW, "providers", "list", "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    start = listing.stdout.index("[")
+    providers = {p["package_name"]: p for p in json.loads(listing.stdout[start:])}
+    assert "neli-orchestrate" in providers, sorted(providers)
+    assert providers["neli-orchestrate"]["version"] == distribution("neli-orchestrate").version
+
+    hooks = subprocess.run(
+        [AIRFLOW, "providers", "hooks", "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert hooks.returncode == 0, hooks.stderr[-2000:]
+    start = hooks.stdout.index("[")
+    by_type = {h["connection_type"]: h for h in json.loads(hooks.stdout[start:])}
+    assert by_type["neli"]["class"] == "neli_orchestrate.airflow.hooks.neli.NeliHook"

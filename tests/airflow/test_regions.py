@@ -1,0 +1,265 @@
+"""Two real Airflow deployments on one Kafka: exactly once per date, and a fence fails the task.
+
+Each region is a separate Airflow 3.3 deployment (own AIRFLOW_HOME, SQLite database, api-server
+port, execution API URL, worker and trigger log-server ports) running api-server, scheduler
+(LocalExecutor, so every task runs under the real task supervisor) and triggerer; see
+integration/airflow/harness.py. Both run the same DAG files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from integration.airflow.harness import (
+    SPARK_LOCAL_CONNECTION,
+    AirflowRegions,
+    RegionConfig,
+    ledger_history,
+    neli_connection,
+)
+from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.ledger import RunState
+from neli_orchestrate.spark import TokenCommitGuard
+
+pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark]
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+A, B = "us-east-1", "eu-west-1"
+DATES = ["2013-01-01", "2013-01-02", "2013-01-03"]
+DAG_ID = "nycflights_daily"
+ROLE = "nycflights_daily/{date}"  # one role per date (see dags/nycflights_daily.py)
+SECRET = f"never-log-me-{uuid.uuid4().hex}"
+
+
+class World:
+    """The two regions and what they share: Kafka namespace, output root, fence marker dir."""
+
+    def __init__(self, regions: AirflowRegions, bootstrap: str, namespace: str, root: Path):
+        self.regions = regions
+        self.bootstrap = bootstrap
+        self.namespace = namespace
+        self.output = root / "output"
+        self.started = root / "started"
+
+    def connection(self, deployment: str) -> dict[str, Any]:
+        return neli_connection(
+            self.bootstrap,
+            deployment,
+            namespace=self.namespace,
+            # Room for a loaded 2-core machine: a 6 s session, 2 s heartbeat lease.
+            session_timeout=6,
+            # Runs of the role execute one after another; claims must outlive the queue.
+            handoff_timeout=900,
+            # A secret the deployments must never log (harmless on a PLAINTEXT listener).
+            kafka_config={"ssl.key.password": SECRET},
+        )
+
+    def hook(self, deployment: str) -> NeliHook:
+        from airflow.sdk import Connection
+
+        conn = self.connection(deployment)
+        return NeliHook(
+            deployment,
+            connection=Connection(
+                conn_id=deployment,
+                conn_type="neli",
+                host=conn["host"],
+                extra=json.dumps(conn["extra"]),
+            ),
+        )
+
+
+@pytest.fixture(scope="module")
+def world(warm_broker: str, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("regions")
+    namespace = f"regions{uuid.uuid4().hex[:8]}"
+    holder = World(None, warm_broker, namespace, root)  # type: ignore[arg-type]
+    configs = [
+        RegionConfig(
+            name,
+            connections={
+                "neli_default": holder.connection(name),
+                "spark_default": SPARK_LOCAL_CONNECTION,
+            },
+            variables={
+                "nycflights_output": str(holder.output),
+                "fence_started": str(holder.started / name),
+            },
+        )
+        for name in (A, B)
+    ]
+    dags = [
+        REPO / "dags" / "nycflights_daily.py",
+        REPO / "dags" / "jobs",
+        REPO / "dags" / ".airflowignore",
+        HERE / "dags" / "neli_fence_test.py",
+        HERE / "jobs",
+    ]
+    with AirflowRegions.start(root, dags, configs) as regions:
+        holder.regions = regions
+        yield holder
+
+
+def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
+    regions = list(world.regions)
+    runs = {r.name: {d: r.trigger(DAG_ID, d) for d in DATES} for r in regions}
+    for region in regions:
+        states = region.wait_for_runs(DAG_ID, runs[region.name].values(), timeout=900)
+        assert set(states.values()) == {"success"}, (region.name, states)
+
+    ran_in: dict[str, str] = {}
+    for date in DATES:
+        outcomes = {r.name: r.task_instances(DAG_ID, runs[r.name][date]) for r in regions}
+        for name, tis in outcomes.items():
+            gate = (tis["claim_run"]["state"], tis["claim_run"]["try_number"])
+            assert gate == ("success", 1), (name, date, gate)
+        spark = {n: tis["daily_performance"]["state"] for n, tis in outcomes.items()}
+        runners = [n for n, state in spark.items() if state == "success"]
+        assert len(runners) == 1, (date, spark)
+        runner = runners[0]
+        ran_in[date] = runner
+        (other,) = [n for n in outcomes if n != runner]
+        assert outcomes[runner]["daily_performance"]["try_number"] == 1
+        assert outcomes[runner]["report"]["state"] == "success"
+        assert outcomes[other]["daily_performance"]["state"] == "skipped"
+        assert outcomes[other]["report"]["state"] == "skipped"
+        gate_log = world.regions[other].task_log(DAG_ID, runs[other][date], "claim_run")
+        assert f"already completed by deployment '{runner}' at " in gate_log
+
+    # The ledger's whole history: one RUNNING and one COMPLETED per run key, by the runner.
+    history = ledger_history(world.bootstrap, f"{world.namespace}.ledger")
+    by_key: dict[str, list[Any]] = defaultdict(list)
+    roles = {ROLE.format(date=date) for date in DATES}
+    for record in history:
+        if record.role in roles:
+            by_key[record.run_key].append(record)
+    assert len(by_key) == len(DATES)
+    for date in DATES:
+        key = f"{DAG_ID}/{date}T00:00:00+00:00"
+        states = Counter(r.state for r in by_key[key])
+        assert states[RunState.RUNNING] == 1 and states[RunState.COMPLETED] == 1, by_key[key]
+        completed = by_key[key][-1]
+        assert (completed.state, completed.deployment) == (RunState.COMPLETED, ran_in[date])
+        assert {r.role for r in by_key[key]} == {ROLE.format(date=date)}
+
+        # The published output: committed once, by the runner, under the ledger's token.
+        marker = TokenCommitGuard(world.output, partition_column="date").committed(date)
+        assert marker is not None, date
+        assert (marker.deployment, marker.token, marker.run_key) == (
+            ran_in[date],
+            completed.token,
+            date,
+        )
+        assert marker.metadata["ledger_run_key"] == key
+        assert list(marker.path.glob("*.parquet")), marker.path
+
+    # Waiting regions waited in the triggerer at least once (deferrable gates).
+    deferred = [
+        (region.name, date)
+        for region in regions
+        for date in DATES
+        if "Pausing task as DEFERRED"
+        in region.task_log(DAG_ID, runs[region.name][date], "claim_run")
+    ]
+    assert deferred
+
+    for region in regions:
+        assert SECRET not in region.all_logs(), f"{region.name} logged the Kafka secret"
+
+
+def _spark_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "slow_job.py" in cmdline and marker in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_fenced_spark_task_fails_at_once_and_leaves_no_jvm(world: World) -> None:
+    region = world.regions[A]
+    started = world.started / A
+    run_id = region.trigger("neli_fence_test", "2013-02-01")
+
+    # Wait for the job's Spark tasks to run (the job announces it with <token>.started).
+    deadline = time.monotonic() + 300
+    while not list(started.glob("*.started")):
+        assert time.monotonic() < deadline, region.task_instances("neli_fence_test", run_id)
+        time.sleep(0.5)
+    (announce,) = started.glob("*.started")
+    info = json.loads(announce.read_text())
+    driver = psutil.Process(info["driver_pid"])
+    jvm = driver.parent()
+    assert jvm.name() == "java", jvm.cmdline()
+    task_process = jvm.parent()  # spark-submit was started by the task process
+    spark_tree = [jvm, *jvm.children(recursive=True)]
+    assert _spark_processes(str(started))
+
+    # Freeze the task process (a stalled worker: GC pause, frozen VM) past the session
+    # timeout. Its Spark job keeps running; another deployment takes the run over meanwhile.
+    run_key = info["run_key"]
+    task_process.send_signal(signal.SIGSTOP)
+    try:
+        with world.hook(B).get_singleton() as other:
+            deadline = time.monotonic() + 120
+            while True:
+                assert time.monotonic() < deadline, "eu-west-1 never took the run over"
+                reservation = other.reserve("fence_test", run_key)
+                if reservation.should_run:
+                    break
+                time.sleep(1)
+    finally:
+        task_process.send_signal(signal.SIGCONT)
+    assert reservation.token > info["token"]
+
+    # Woken up, the task finds it lost leadership: it kills the job and fails, without retry.
+    ti = region.wait_for_task(
+        "neli_fence_test", run_id, "slow_job", ["failed", "success", "up_for_retry"], 120
+    )
+    assert (ti["state"], ti["try_number"]) == ("failed", 1)
+    log = region.task_log("neli_fence_test", run_id, "slow_job")
+    assert "Fenced" in log, log[-3000:]
+    gone = psutil.wait_procs(spark_tree, timeout=30)[1]
+    assert not gone, [p.pid for p in gone]
+    assert not _spark_processes(str(started))
+
+    # The fenced member could not write FAILED: the ledger shows the newer claim.
+    with world.hook(A).get_singleton() as mine:
+        latest = mine.status("fence_test", run_key)
+    assert (latest.state, latest.deployment, latest.token) == (
+        RunState.CLAIMED,
+        B,
+        reservation.token,
+    )
+
+
+@pytest.mark.parametrize("region_name", [A, B])
+def test_each_region_is_a_separate_deployment(world: World, region_name: str) -> None:
+    region = world.regions[region_name]
+    others = [r for r in world.regions if r.name != region_name]
+    env = region.environ()
+    for other in others:
+        other_env = other.environ()
+        for key in (
+            "AIRFLOW_HOME",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+            "AIRFLOW__API__PORT",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT",
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT",
+        ):
+            assert env[key] != other_env[key], key
+    health = region.api("GET", "/api/v2/monitor/health")
+    assert health["scheduler"]["status"] == health["triggerer"]["status"] == "healthy"
+    assert os.path.exists(region.database)

@@ -1,0 +1,221 @@
+"""Definitions the Dagster tests run in separate processes, one Dagster instance per deployment.
+
+Everything a deployment differs in comes from the environment (as in production, where each
+deployment has its own env): ``NELI_BOOTSTRAP_SERVERS``, ``NELI_DEPLOYMENT``,
+``NELI_NAMESPACE``, and ``NELI_TEST_DIR`` (where the work leaves its evidence).
+
+Evidence, appended with O_APPEND so concurrent writers never interleave a line:
+- ``work.log``: one line ``<role> <run key> <deployment> <token> <pid>`` per execution of work;
+- ``fenced_spark.json``: written by the fencing asset once its Spark job is running.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from neli_orchestrate.dagster import NeliResource, NeliRun, leader_gate_op, singleton_asset
+
+DAYS = dg.DailyPartitionsDefinition(start_date="2013-01-01", end_date="2014-01-01")
+
+GATED_ROLE = "gated_daily"
+# Simulated work: long enough that the losing deployment's member joins the role's group (and
+# the group rebalances) while the winner works, which must not disturb the winner.
+WORK_SECONDS = 2.0
+STEP_BARRIER_TIMEOUT = 120.0
+# The fencing asset's Spark tasks run until released or cancelled, at most this long.
+SPARK_TASK_LIMIT_SECONDS = 120.0
+
+
+def evidence_dir() -> Path:
+    return Path(os.environ["NELI_TEST_DIR"])
+
+
+def record_work(run: NeliRun) -> None:
+    """Append the proof that the work of ``run`` executed here, now."""
+    line = f"{run.role} {run.run_key} {run.deployment} {run.token} {os.getpid()}\n"
+    fd = os.open(evidence_dir() / "work.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def partition_key_when_peers_arrive(context: Any) -> str:
+    """Run key callable: the partition key, once every peer deployment's step got this far.
+
+    Both deployments then contend for the role at the same instant, so either may win; with
+    ``NELI_TEST_PEERS`` unset it returns at once.
+    """
+    key = context.partition_key
+    peers = [p for p in os.environ.get("NELI_TEST_PEERS", "").split(",") if p]
+    if peers:
+        folder = evidence_dir() / "step-barrier" / context.job_name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{key}.{os.environ['NELI_DEPLOYMENT']}").touch()
+        deadline = time.monotonic() + STEP_BARRIER_TIMEOUT
+        while not all((folder / f"{key}.{peer}").exists() for peer in peers):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"peers {peers} did not reach {key} in {context.job_name}")
+            time.sleep(0.01)
+    return key
+
+
+def neli_resource() -> NeliResource:
+    return NeliResource(
+        bootstrap_servers=dg.EnvVar("NELI_BOOTSTRAP_SERVERS"),
+        deployment=dg.EnvVar("NELI_DEPLOYMENT"),
+        namespace=dg.EnvVar("NELI_NAMESPACE"),
+        handoff_timeout=float(os.environ.get("NELI_TEST_HANDOFF_TIMEOUT", "30")),
+        acquire_timeout=60.0,
+        # Loopback timings, with a session long enough that a CPU-starved step (two cores,
+        # Spark starting next door) is not fenced by accident.
+        profile="fast",
+        session_timeout=float(os.environ.get("NELI_TEST_SESSION_TIMEOUT", "6")),
+        wait_timeout=120.0,
+        wait_interval=0.3,
+    )
+
+
+# -- the asset pattern ----------------------------------------------------------------------
+
+
+@singleton_asset(partitions_def=DAYS, run_key=partition_key_when_peers_arrive)
+def daily_counted(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+    record_work(run)
+    time.sleep(WORK_SECONDS)
+    return int(run.token)
+
+
+@dg.asset(partitions_def=DAYS)
+def daily_counted_report(context: dg.AssetExecutionContext, daily_counted: int) -> str:
+    return f"{context.partition_key} computed with token {daily_counted}"
+
+
+# -- the op pattern: gate -> singleton op -> report ----------------------------------------
+
+daily_gate = leader_gate_op(GATED_ROLE, run_key=partition_key_when_peers_arrive)
+
+
+@dg.op(ins={"claimed": dg.In(dg.Nothing)}, out=dg.Out(int, is_required=False))
+def gated_work(context: dg.OpExecutionContext, neli: NeliResource):  # type: ignore[no-untyped-def]
+    with neli.singleton(context, role=GATED_ROLE) as run:
+        if not run.should_run:
+            return
+        record_work(run)
+        time.sleep(WORK_SECONDS)
+        run.check()
+        yield dg.Output(int(run.token), metadata=run.metadata)
+
+
+@dg.op
+def gated_report(context: dg.OpExecutionContext, token: int) -> str:
+    return f"{context.partition_key} computed with token {token}"
+
+
+@dg.job(partitions_def=DAYS)
+def gated_job() -> None:
+    gated_report(gated_work(claimed=daily_gate()))
+
+
+# -- fencing: Spark work that runs until it is cancelled ------------------------------------
+
+
+class TestSpark(dg.ConfigurableResource):
+    """A small local SparkSession per step process."""
+
+    _session: Any = PrivateAttr(default=None)
+
+    def session(self) -> Any:
+        if self._session is None:
+            from pyspark.sql import SparkSession
+
+            from neli_orchestrate.spark import local_spark_conf
+
+            builder = SparkSession.builder.master("local[2]").appName("neli dagster fencing")
+            conf = {**local_spark_conf(), "spark.pyspark.python": sys.executable}
+            for key, value in conf.items():
+                builder = builder.config(key, value)
+            self._session = builder.getOrCreate()
+        return self._session
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+
+
+def _task_until_released(folder: str, limit: float):  # type: ignore[no-untyped-def]
+    """Return a Spark task that says it started, then runs until released, the limit, or killed.
+
+    A closure, so Spark's cloudpickle ships it by value: the Python workers cannot import
+    this test module.
+    """
+
+    def task(index: int) -> int:
+        import os
+        import time
+        from pathlib import Path
+
+        start = time.monotonic()
+        Path(folder, f"task-{index}.started").write_text(str(os.getpid()))
+        release = Path(folder, "release")
+        while not release.exists() and time.monotonic() - start < limit:
+            time.sleep(0.05)
+        Path(folder, f"task-{index}.finished").write_text(str(os.getpid()))
+        return index
+
+    return task
+
+
+@singleton_asset(partitions_def=DAYS)
+def fenced_spark(context: dg.AssetExecutionContext, run: NeliRun, spark: TestSpark) -> int:
+    session = spark.session()
+    task = _task_until_released(str(evidence_dir()), SPARK_TASK_LIMIT_SECONDS)
+    with run.cancel_spark_on_fence(session):
+        (evidence_dir() / "fenced_spark.json").write_text(
+            json.dumps({"pid": os.getpid(), "token": run.token, "run_key": run.run_key})
+        )
+        rdd = session.sparkContext.parallelize(range(2), 2)
+        done = rdd.map(task).collect()
+    record_work(run)
+    return len(done)
+
+
+# -- definitions and reconstructable job getters -------------------------------------------
+
+defs = dg.Definitions(
+    assets=[daily_counted, daily_counted_report, fenced_spark],
+    jobs=[
+        gated_job,
+        dg.define_asset_job(
+            "counted_job", selection=[daily_counted, daily_counted_report], partitions_def=DAYS
+        ),
+        dg.define_asset_job("fenced_spark_job", selection=[fenced_spark], partitions_def=DAYS),
+    ],
+    resources={"neli": neli_resource(), "spark": TestSpark()},
+)
+
+
+def get_counted_job() -> dg.JobDefinition:
+    return defs.resolve_job_def("counted_job")
+
+
+def get_gated_job() -> dg.JobDefinition:
+    return defs.resolve_job_def("gated_job")
+
+
+def get_fenced_spark_job() -> dg.JobDefinition:
+    return defs.resolve_job_def("fenced_spark_job")
+
+
+JOB_GETTERS = {
+    "counted_job": get_counted_job,
+    "gated_job": get_gated_job,
+    "fenced_spark_job": get_fenced_spark_job,
+}

@@ -1,0 +1,281 @@
+"""Every outcome of a singleton block as Dagster sees it, with scripted members (no Kafka).
+
+The real Singleton runs over MockNeli members and the in-memory ledger (which fences writers as
+Kafka transactions do), so each path is deterministic: run, skip with a trace, fence during the
+work (Spark jobs cancelled, step failed for good), wait and give up, attempt limit reached.
+The same paths against the real broker and real PySpark are in the two-deployment and fencing
+tests.
+"""
+
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from neli_orchestrate.core import MockNeli, NeliConfig
+from neli_orchestrate.dagster import NeliResource, NeliRun, singleton_asset
+from neli_orchestrate.ledger import RunState
+from neli_orchestrate.singleton import Singleton
+from neli_orchestrate.testing.memory_ledger import MemoryLedger
+
+pytestmark = [pytest.mark.dagster]
+
+DAYS = dg.DailyPartitionsDefinition(start_date="2013-01-01", end_date="2014-01-01")
+DAY = "2013-01-05"
+
+
+class Member(MockNeli):
+    """A member the scripted group makes leader at once, unless the group is held."""
+
+    def __init__(self, world: "World", group: str, config: NeliConfig, barrier: Any) -> None:
+        super().__init__(config, barrier, member_id=f"m{len(world.members)}")
+        self.world = world
+        self.group = group
+        self._idle = threading.Event()
+
+    def pulse(self, timeout: float = 0.0) -> bool:
+        leading = super().pulse(timeout)
+        if leading and timeout:
+            self._idle.wait(timeout)  # a real pulse blocks in poll; do not spin
+        return leading
+
+    def close(self) -> None:
+        super().close()
+        self._idle.set()
+
+
+class World:
+    """One scripted Kafka: the ledger, the members created so far, groups nobody may lead."""
+
+    def __init__(self) -> None:
+        self.ledger = MemoryLedger()
+        self.members: list[Member] = []
+        self.held_groups: set[str] = set()
+        self.by_group: dict[str, list[Member]] = defaultdict(list)
+
+    def __call__(self, config: NeliConfig, barrier: Any = None) -> Member:
+        group = config.resolved.group_id
+        member = Member(self, group, config, barrier)
+        self.members.append(member)
+        self.by_group[group].append(member)
+        if group not in self.held_groups:
+            member.acquire()
+        return member
+
+
+WORLD = World()
+
+
+class ScriptedNeliResource(NeliResource):
+    """NeliResource whose Singleton talks to the scripted world instead of Kafka."""
+
+    def get_singleton(self) -> Singleton:
+        return Singleton(self.singleton_config(), ledger=WORLD.ledger, neli_factory=WORLD)
+
+
+@pytest.fixture(autouse=True)
+def fresh_world() -> World:
+    global WORLD
+    WORLD = World()
+    return WORLD
+
+
+def neli(**overrides: Any) -> ScriptedNeliResource:
+    fields: dict[str, Any] = {
+        "bootstrap_servers": "unused:9092",
+        "deployment": "east",
+        "namespace": "acme",
+        "acquire_timeout": 0.2,
+        "wait_timeout": 0.6,
+        "wait_interval": 0.1,
+    }
+    fields.update(overrides)
+    return ScriptedNeliResource(**fields)
+
+
+class FakeSparkContext:
+    """Records what the job-group canceller does to a SparkContext."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.cancelled = threading.Event()
+
+    def setJobGroup(self, group: str, description: str, interrupt: bool) -> None:  # noqa: N802
+        self.calls.append(("setJobGroup", group))
+
+    def addJobTag(self, tag: str) -> None:  # noqa: N802
+        self.calls.append(("addJobTag", tag))
+
+    def removeJobTag(self, tag: str) -> None:  # noqa: N802
+        self.calls.append(("removeJobTag", tag))
+
+    def setLocalProperty(self, key: str, value: Any) -> None:  # noqa: N802
+        pass
+
+    def cancelJobGroup(self, group: str) -> None:  # noqa: N802
+        self.calls.append(("cancelJobGroup", group))
+        self.cancelled.set()
+
+    def cancelJobsWithTag(self, tag: str) -> None:  # noqa: N802
+        self.calls.append(("cancelJobsWithTag", tag))
+
+
+def _events(result: dg.ExecuteInProcessResult, kind: str) -> list[Any]:
+    return [e for e in result.all_events if e.event_type_value == kind]
+
+
+def _materialize(asset: Any, resource: NeliResource, **extra: Any) -> dg.ExecuteInProcessResult:
+    @dg.asset(partitions_def=DAYS, deps=[asset])
+    def downstream() -> None:
+        pass
+
+    return dg.materialize(
+        [asset, downstream],
+        partition_key=DAY,
+        resources={"neli": resource, **extra},
+        raise_on_error=False,
+    )
+
+
+def test_run_executes_once_then_every_deployment_skips_with_a_trace() -> None:
+    ran: list[tuple[str, int]] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        ran.append((run.deployment, run.token))
+        return 1
+
+    first = _materialize(daily, neli(deployment="east"))
+    assert first.success
+    [(deployment, token)] = ran
+    assert deployment == "east"
+    [materialization] = [
+        e.step_materialization_data.materialization
+        for e in _events(first, "ASSET_MATERIALIZATION")
+        if e.step_key == "daily"
+    ]
+    assert {k: v.value for k, v in materialization.metadata.items()}.items() >= {
+        "token": token,
+        "deployment": "east",
+        "role": "daily",
+        "run_key": DAY,
+    }.items()
+
+    for region in ("west", "east"):
+        again = _materialize(daily, neli(deployment=region))
+        assert again.success
+        assert [e.step_key for e in _events(again, "ASSET_MATERIALIZATION")] == []
+        assert [e.step_key for e in _events(again, "STEP_SKIPPED")] == ["downstream"]
+        [observation] = [
+            e.asset_observation_data.asset_observation for e in _events(again, "ASSET_OBSERVATION")
+        ]
+        assert observation.partition == DAY
+        assert observation.metadata["done_by_deployment"].value == "east"
+        assert observation.metadata["done_token"].value == token
+    assert len(ran) == 1
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING, RunState.COMPLETED]
+
+
+def test_fence_during_the_work_cancels_spark_jobs_and_fails_the_step_without_retry() -> None:
+    spark = FakeSparkContext()
+    attempts: list[int] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        attempts.append(run.token)
+        with run.cancel_spark_on_fence(spark):
+            WORLD.members[-1].fence()  # the member loses its heartbeat mid-work
+            assert spark.cancelled.wait(10), "the fence callback never cancelled the jobs"
+            raise RuntimeError("Job 0 cancelled part of cancelled job group")  # as Spark does
+        return 1
+
+    result = _materialize(daily, neli(), **{})
+    assert not result.success
+    [failure] = _events(result, "STEP_FAILURE")
+    data = failure.step_failure_data
+    assert data.error.cls_name == "Failure"
+    [token] = attempts
+    assert {k: v.value for k, v in data.user_failure_data.metadata.items()} == {
+        "token": token,
+        "deployment": "east",
+        "role": "daily",
+        "run_key": DAY,
+    }
+    group = f"neli/daily/{DAY}/{token}"
+    assert ("setJobGroup", group) in spark.calls and ("cancelJobGroup", group) in spark.calls
+    assert ("cancelJobsWithTag", group) in spark.calls
+    assert _events(result, "STEP_UP_FOR_RETRY") == []
+    # Nothing was recorded after the fence: the next leader takes the run over.
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING]
+
+
+def test_fence_is_reported_even_when_the_work_finishes_anyway() -> None:
+    @singleton_asset(partitions_def=DAYS, retry_policy=dg.RetryPolicy(max_retries=2))
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        WORLD.members[-1].fence()
+        deadline = time.monotonic() + 10
+        while not run.fenced and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return 1  # plain Python work that never looked: leaving the block must not complete
+
+    result = _materialize(daily, neli())
+    [failure] = _events(result, "STEP_FAILURE")
+    assert failure.step_failure_data.error.cls_name == "Failure"
+    assert _events(result, "STEP_UP_FOR_RETRY") == [], "a fenced step must not be retried"
+    assert _events(result, "ASSET_MATERIALIZATION") == []
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING]
+
+
+def test_step_waits_while_another_deployment_leads_then_fails_retriably_never_skips() -> None:
+    WORLD.held_groups.add("acme.daily")
+    ran: list[int] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        ran.append(1)
+        return 1
+
+    started = time.monotonic()
+    result = _materialize(daily, neli(wait_timeout=0.5))
+    assert time.monotonic() - started >= 0.5
+    [failure] = _events(result, "STEP_FAILURE")
+    description = failure.step_failure_data.user_failure_data.description
+    assert "still held by another deployment" in description
+    assert ran == [] and _events(result, "STEP_SKIPPED") == []
+    assert len(WORLD.members) >= 2, "the step tried again before giving up"
+    assert all(m.closed for m in WORLD.members), "every attempt left the group"
+
+
+def test_run_key_past_its_attempt_limit_fails_the_step_for_good() -> None:
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        raise ValueError("bad input for the day")
+
+    first = _materialize(daily, neli(max_attempts=1))
+    [failure] = _events(first, "STEP_FAILURE")
+    assert "bad input for the day" in failure.step_failure_data.error.cause.message
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING, RunState.FAILED]
+
+    second = _materialize(daily, neli(max_attempts=1))
+    [failure] = _events(second, "STEP_FAILURE")
+    data = failure.step_failure_data
+    assert data.error.cls_name == "Failure"
+    assert "terminally failed" in data.user_failure_data.description
+    assert "bad input for the day" in data.user_failure_data.description
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING, RunState.FAILED]
+
+
+def test_a_role_per_partition_keeps_dates_apart_in_the_ledger() -> None:
+    @singleton_asset(
+        partitions_def=DAYS, role=lambda context: f"daily/{context.partition_key}"
+    )
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> str:
+        return run.role
+
+    assert _materialize(daily, neli()).success
+    assert WORLD.ledger.history(f"daily/{DAY}", DAY) == [RunState.RUNNING, RunState.COMPLETED]
+    assert WORLD.ledger.history("daily", DAY) == []
+    assert {m.group for m in WORLD.members} == {f"acme.daily/{DAY}"}

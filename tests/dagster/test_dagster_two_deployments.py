@@ -1,0 +1,150 @@
+"""Two Dagster deployments (separate instances and homes, separate processes) share the work.
+
+Both materialize the same partitions at the same moment against the real broker: each
+partition must be computed exactly once (work log and ledger agree), the other deployment's
+step must succeed without materializing and its downstream steps be skipped, and every run of
+both deployments must succeed. One deployment runs through ``execute_job(reconstructable)``
+with the multiprocess executor, the other through ``execute_in_process``; the two tests swap
+them so each pattern is exercised under both executors.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from dagster_harness import (
+    completed_by_run_key,
+    ledger_history,
+    make_deployment,
+    unique_namespace,
+    work_log,
+)
+
+pytestmark = [pytest.mark.dagster, pytest.mark.kafka]
+
+PARTITIONS = ["2013-01-01", "2013-01-02", "2013-01-03"]
+# The gated job starts three step processes per run under the multiprocess executor; two
+# partitions keep it within budget on two cores.
+GATED_PARTITIONS = PARTITIONS[:2]
+RUN_TIMEOUT = 180.0
+
+
+def _run_both(
+    tmp_path: Path, kafka_broker: str, job: str, executors: dict[str, str], partitions: list[str]
+) -> tuple[str, dict[str, dict]]:
+    namespace = unique_namespace()
+    peers = {"NELI_TEST_PEERS": ",".join(executors)}
+    deployments = [
+        make_deployment(name, tmp_path, kafka_broker, namespace, extra_env=peers)
+        for name in executors
+    ]
+    try:
+        for deployment in deployments:
+            deployment.start(job, executors[deployment.name], partitions)
+        results = {d.name: d.wait(RUN_TIMEOUT) for d in deployments}
+    finally:
+        for deployment in deployments:
+            deployment.stop()
+    return namespace, results
+
+
+def _runner_per_partition(
+    tmp_path: Path, role: str, partitions: list[str]
+) -> dict[str, tuple[str, int]]:
+    executions = [entry for entry in work_log(tmp_path) if entry[0] == role]
+    counts = Counter(run_key for _, run_key, _, _ in executions)
+    assert counts == dict.fromkeys(partitions, 1), f"work executions per partition: {counts}"
+    return {run_key: (deployment, token) for _, run_key, deployment, token in executions}
+
+
+def test_each_partition_of_a_singleton_asset_is_materialized_in_exactly_one_deployment(
+    kafka_broker: str, tmp_path: Path
+) -> None:
+    namespace, results = _run_both(
+        tmp_path,
+        kafka_broker,
+        "counted_job",
+        {"east": "multiprocess", "west": "in_process"},
+        PARTITIONS,
+    )
+    runner = _runner_per_partition(tmp_path, "daily_counted", PARTITIONS)
+
+    records = ledger_history(kafka_broker, f"{namespace}.ledger")
+    assert completed_by_run_key(records, "daily_counted") == dict.fromkeys(PARTITIONS, 1)
+    completed = {
+        r.run_key: (r.deployment, r.token)
+        for r in records
+        if r.role == "daily_counted" and r.state == "COMPLETED"
+    }
+    assert completed == runner
+
+    for name, result in results.items():
+        for partition in PARTITIONS:
+            run = result["runs"][partition]
+            assert run["success"], f"{name} {partition}: {run}"
+            materialized = {m["asset"]: m for m in run["materialized"]}
+            ran_here, token = runner[partition]
+            if ran_here == name:
+                assert set(materialized) == {"daily_counted", "daily_counted_report"}
+                assert materialized["daily_counted"]["metadata"].items() >= {
+                    "token": token,
+                    "deployment": name,
+                    "role": "daily_counted",
+                    "run_key": partition,
+                }.items()
+                assert run["observations"] == []
+            else:
+                assert materialized == {}, f"{name} materialized {partition} run elsewhere"
+                assert "daily_counted" in run["step_success"]
+                assert run["step_skipped"] == ["daily_counted_report"]
+                [observation] = run["observations"]
+                assert observation["partition"] == partition
+                assert observation["metadata"]["neli_outcome"] == "SKIP_DONE"
+                assert observation["metadata"]["done_by_deployment"] == ran_here
+                assert observation["metadata"]["done_token"] == token
+
+
+def test_gate_op_lets_only_the_claiming_deployment_run_the_singleton_op(
+    kafka_broker: str, tmp_path: Path
+) -> None:
+    namespace, results = _run_both(
+        tmp_path,
+        kafka_broker,
+        "gated_job",
+        {"east": "in_process", "west": "multiprocess"},
+        GATED_PARTITIONS,
+    )
+    runner = _runner_per_partition(tmp_path, "gated_daily", GATED_PARTITIONS)
+
+    records = ledger_history(kafka_broker, f"{namespace}.ledger")
+    assert completed_by_run_key(records, "gated_daily") == dict.fromkeys(GATED_PARTITIONS, 1)
+    for partition in GATED_PARTITIONS:
+        history = [r for r in records if r.role == "gated_daily" and r.run_key == partition]
+        ran_here, token = runner[partition]
+        # The gate's CLAIMED record, then the op's own claim with a larger token, then done.
+        states = [(r.state.value, r.deployment) for r in history]
+        assert states[-1] == ("COMPLETED", ran_here)
+        assert history[-1].token == token
+        gate_claims = [r for r in history if r.state == "CLAIMED" and r.deployment == ran_here]
+        assert gate_claims and all(r.token < token for r in gate_claims)
+
+    for name, result in results.items():
+        for partition in GATED_PARTITIONS:
+            run = result["runs"][partition]
+            assert run["success"], f"{name} {partition}: {run}"
+            ran_here, token = runner[partition]
+            if ran_here == name:
+                assert {"gated_daily_gate", "gated_work", "gated_report"} <= set(
+                    run["step_success"]
+                )
+                gate_output = run["outputs"]["gated_daily_gate.claimed"]
+                assert gate_output["deployment"] == name
+                assert gate_output["role"] == "gated_daily"
+                assert gate_output["run_key"] == partition
+                assert gate_output["token"] < token
+                assert run["outputs"]["gated_work.result"]["token"] == token
+            else:
+                assert run["step_success"] == ["gated_daily_gate"]
+                assert sorted(run["step_skipped"]) == ["gated_report", "gated_work"]
