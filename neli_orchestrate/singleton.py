@@ -52,6 +52,7 @@ from neli_orchestrate.errors import (
     AcquireTimeoutError,
     ConfigError,
     FencedError,
+    KafkaUnavailableError,
     SkippedRun,
 )
 from neli_orchestrate.ledger import (
@@ -157,6 +158,9 @@ class Reservation:
     #: The latest ledger record the decision saw (for SKIP_DONE: who completed it, and when).
     record: LedgerRecord | None
     deployment: str
+    #: WAIT: wall-clock time after which asking again may give another answer (None: ask at
+    #: the caller's own interval; another member leads, or the other deployment must act).
+    wait_until: float | None = None
 
     @property
     def should_run(self) -> bool:
@@ -180,6 +184,7 @@ class Run:
         reason: str,
         token: int | None,
         record: LedgerRecord | None,
+        wait_until: float | None = None,
     ) -> None:
         self.role = role
         self.run_key = run_key
@@ -188,6 +193,8 @@ class Run:
         self.reason = reason
         self.token = token
         self.record = record
+        #: WAIT: wall-clock time after which claiming again may give another answer.
+        self.wait_until = wait_until
         self._lock = threading.Lock()
         self._fenced: str | None = None
         self._callbacks: list[Callable[[str], object]] = []
@@ -388,6 +395,31 @@ class Singleton:
     def status(self, role: str, run_key: str) -> LedgerRecord | None:
         """The latest ledger record of a run (read-only; no leadership needed)."""
         return self.ledger.replay(role).latest(run_key)
+
+    def role_members(self, role: str) -> int:
+        """How many members contend for ``role`` right now; read-only (no join, no rebalance).
+
+        Non-zero means some deployment leads the role or is trying to. Waiting callers (gates,
+        sensors) check this before :meth:`reserve` so that polling does not rebalance the
+        group the running leader is in. Raises :class:`KafkaUnavailableError` if the cluster
+        does not answer.
+        """
+        from confluent_kafka.admin import AdminClient
+
+        neli = self.config.role_neli(role).resolved
+        group = neli.group_id
+        admin = AdminClient({**_client_settings(neli.kafka_config),
+                             "bootstrap.servers": neli.bootstrap_servers,
+                             "logger": logging.getLogger(__name__ + ".librdkafka")})
+        timeout = neli.request_timeout
+        try:
+            futures = admin.describe_consumer_groups([group], request_timeout=timeout)
+            description = futures[group].result(timeout=timeout + 5)
+        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            raise KafkaUnavailableError(
+                f"cannot describe consumer group {group!r} at {neli.bootstrap_servers}: {exc}"
+            ) from exc
+        return len(description.members or [])
 
     def leads(self, role: str, timeout: float) -> bool:
         """True if this deployment's member became leader of ``role`` within ``timeout``.
@@ -620,12 +652,12 @@ class Singleton:
     def _run_for(self, role: str, run_key: str, decision: Decision, token: int | None) -> Run:
         return Run(role=role, run_key=run_key, deployment=self.config.deployment,
                    outcome=decision.outcome, reason=decision.reason, token=token,
-                   record=decision.latest)
+                   record=decision.latest, wait_until=decision.wait_until)
 
     def _reservation(self, run: Run) -> Reservation:
         return Reservation(role=run.role, run_key=run.run_key, outcome=run.outcome,
                            reason=run.reason, token=run.token, record=run.record,
-                           deployment=self.config.deployment)
+                           deployment=self.config.deployment, wait_until=run.wait_until)
 
     @staticmethod
     def _log_decision(role: str, run_key: str, decision: Decision) -> None:

@@ -349,6 +349,7 @@ class LocalKafka:
             while time.monotonic() < deadline:
                 msg = consumer.poll(0.5)
                 if msg is not None and msg.error() is None and msg.value() == b"ready":
+                    self._warm_up(conf, consumer, deadline)
                     return
             raise LocalKafkaError(
                 f"Kafka round trip did not complete before the deadline; "
@@ -356,6 +357,19 @@ class LocalKafka:
             )
         finally:
             consumer.close()
+
+    def _warm_up(self, conf: dict[str, object], consumer: object, deadline: float) -> None:
+        """Create and load the offsets and transaction-state topics before the first test.
+
+        On a fresh broker the first group commit and the first ``init_transactions()`` wait
+        seconds for their coordinators to load; a test's member with a sub-second lease would
+        fence itself meanwhile.
+        """
+        from confluent_kafka import Producer
+
+        consumer.commit(asynchronous=False)  # type: ignore[attr-defined]
+        producer = Producer({**conf, "transactional.id": f"__neli_ready_{uuid.uuid4().hex[:8]}"})
+        producer.init_transactions(max(1.0, deadline - time.monotonic()))
 
     def _kill(self, timeout: float = 20.0) -> None:
         proc, self.process = self.process, None

@@ -203,3 +203,26 @@ def test_a_writer_fenced_by_a_newer_leader_cannot_write_from_another_process(env
     assert any(line.startswith("fenced") for line in lines(tmp / "z"))
     keys = {decode_key(r.key) for r in ledger_records(env["bootstrap"], env["ledger_topic"])}
     assert keys == {("export", "2013-04-01")}
+
+
+def test_role_members_counts_contenders_without_joining(env) -> None:
+    from neli_orchestrate import Neli, NeliConfig, Singleton, SingletonConfig
+
+    neli = NeliConfig(bootstrap_servers=env["bootstrap"], group_id=env["namespace"],
+                      profile="fast", session_timeout=6.0, heartbeat_timeout=2.0,
+                      group_protocol="consumer")
+    singleton = Singleton(SingletonConfig(neli=neli, deployment="us-east-1"))
+    assert singleton.role_members("observed") == 0
+    member = Neli(singleton.config.role_neli("observed"))
+    try:
+        deadline = time.monotonic() + 30
+        while not member.pulse(0.05):
+            assert time.monotonic() < deadline, "the only member never led"
+        assert singleton.role_members("observed") == 1
+        assert member.pulse(0.05), "observing did not disturb the leader"
+    finally:
+        member.close()
+    deadline = time.monotonic() + 30
+    while singleton.role_members("observed") != 0:
+        assert time.monotonic() < deadline, "the closed member never left the group"
+        time.sleep(0.1)
