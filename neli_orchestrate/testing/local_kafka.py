@@ -42,6 +42,8 @@ KAFKA_VERSION = "4.1.1"
 #: Broker settings that make groups and transactions fast on one node. Tests rely on them.
 FAST_TEST_PROPERTIES: Mapping[str, str] = {
     "group.initial.rebalance.delay.ms": "0",
+    # the group coordinator batches its writes for 5 ms by default: every hand-over pays it
+    "group.coordinator.append.linger.ms": "0",
     # classic protocol: allow sub-second sessions
     "group.min.session.timeout.ms": "100",
     # KIP-848 (group.protocol=consumer): session and heartbeat are broker/group settings;
