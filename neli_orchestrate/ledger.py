@@ -631,7 +631,8 @@ class KafkaLedgerConfig:
     #: same ledger must use the same prefix, or leaders will not fence each other.
     transactional_id_prefix: str | None = None
     kafka_config: Mapping[str, Any] = field(default_factory=dict)
-    #: Extra topic configs at creation (``cleanup.policy=compact`` is always set).
+    #: Extra topic configs at creation (``cleanup.policy=compact`` is always set;
+    #: ``segment.ms`` defaults to one hour so compaction can reach recent records).
     topic_config: Mapping[str, str] = field(default_factory=dict)
     create_topic: bool = True
     #: Seconds a replay may take before KafkaUnavailableError. A writer that died inside a
@@ -693,6 +694,15 @@ def _kafka() -> Any:
 def _fencing_codes() -> frozenset[int]:
     error = _kafka().KafkaError
     return frozenset({error._FENCED, error.PRODUCER_FENCED, error.INVALID_PRODUCER_EPOCH})
+
+
+def _transient_codes() -> frozenset[int]:
+    error = _kafka().KafkaError
+    return frozenset({
+        error.NOT_LEADER_FOR_PARTITION, error.LEADER_NOT_AVAILABLE,
+        error.UNKNOWN_TOPIC_OR_PART, error.REQUEST_TIMED_OUT, error._TRANSPORT,
+        error._TIMED_OUT, error.NOT_COORDINATOR, error.COORDINATOR_LOAD_IN_PROGRESS,
+    })
 
 
 def _kafka_error(exc: BaseException) -> Any:
@@ -779,7 +789,10 @@ class KafkaLedger:
 
     def _create_topic(self, admin: Any) -> None:
         ck = _kafka()
-        topic_config = {"cleanup.policy": "compact", **self.config.topic_config}
+        # Kafka never compacts the active segment; rolling it hourly (instead of weekly) keeps
+        # the uncompacted tail, which every replay decodes in full, small.
+        topic_config = {"cleanup.policy": "compact", "segment.ms": "3600000",
+                        **self.config.topic_config}
         new_topic = ck.admin.NewTopic(
             self.config.topic,
             num_partitions=self.config.partitions,
@@ -916,6 +929,11 @@ class KafkaLedger:
                             if error.code() == ck.KafkaError._PARTITION_EOF:
                                 eof = max(eof, message.offset())
                                 continue
+                            if (error.retriable() or error.code() in _transient_codes()) and (
+                                not error.fatal()
+                            ):
+                                logger.debug("replay of %r: %s (retrying)", role, error)
+                                continue  # bounded by the replay deadline below
                             raise KafkaUnavailableError(
                                 f"replaying ledger partition {partition}: {error}"
                             )
@@ -940,18 +958,28 @@ class KafkaLedger:
     def _high_watermark(self, tp: Any) -> int:
         ck = _kafka()
         spec = ck.admin.OffsetSpec.latest()
-        try:
-            result = self._admin.list_offsets(
-                {tp: spec},
-                isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
-                request_timeout=self.config.request_timeout,
-            )[tp].result(timeout=self.config.request_timeout * 2)
-        except ck.KafkaException as exc:
-            raise KafkaUnavailableError(
-                f"cannot read the high watermark of ledger partition {tp.topic}[{tp.partition}]:"
-                f" {exc}"
-            ) from exc
-        return int(result.offset)
+        deadline = time.monotonic() + self.config.request_timeout
+        while True:
+            try:
+                result = self._admin.list_offsets(
+                    {tp: spec},
+                    isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
+                    request_timeout=self.config.request_timeout,
+                )[tp].result(timeout=self.config.request_timeout * 2)
+                return int(result.offset)
+            except ck.KafkaException as exc:
+                err = _kafka_error(exc)
+                # A partition just created, or moving between brokers, has no leader for a
+                # moment; the admin API reports that as not retriable, but it is.
+                if err is not None and (err.retriable() or err.code() in _transient_codes()) and (
+                    time.monotonic() < deadline
+                ):
+                    time.sleep(0.05)
+                    continue
+                raise KafkaUnavailableError(
+                    f"cannot read the high watermark of ledger partition"
+                    f" {tp.topic}[{tp.partition}]: {exc}"
+                ) from exc
 
     def _replay_consumer(self) -> Any:
         if self._consumer is None:

@@ -94,6 +94,7 @@ def test_the_ledger_topic_is_created_compacted(
     resource = ConfigResource(ResourceType.TOPIC, topic)
     configs = kafka_admin.describe_configs([resource])[resource].result(timeout=10)
     assert configs["cleanup.policy"].value == "compact"
+    assert configs["segment.ms"].value == "3600000"  # compaction reaches recent records
     metadata = kafka_admin.list_topics(topic=topic, timeout=10)
     assert len(metadata.topics[topic].partitions) == 3
     assert ledger.partition_for("daily_flights") == role_partition("daily_flights", 3)
