@@ -63,6 +63,7 @@ from neli_orchestrate.ledger import (
     LedgerStore,
     LedgerWriter,
     RunState,
+    expire,
 )
 
 log = logging.getLogger(__name__)
@@ -420,6 +421,25 @@ class Singleton:
                 f"cannot describe consumer group {group!r} at {neli.bootstrap_servers}: {exc}"
             ) from exc
         return len(description.members or [])
+
+    def expire(self, role: str, retention: float) -> list[str]:
+        """Tombstone ``role``'s finished run keys last written over ``retention`` seconds ago.
+
+        Leads the role first (only the leader writes the ledger); returns the expired run keys,
+        or raises :class:`AcquireTimeoutError`. Running and claimed runs are never expired.
+        Compaction then removes them; tokens keep increasing (they are offsets).
+        """
+        lead = _Leadership(self, role)
+        try:
+            if not lead.acquire(self.config.acquire_timeout):
+                raise AcquireTimeoutError(f"could not lead role {role!r} to expire its ledger")
+            writer = self.ledger.begin(role)
+            try:
+                return expire(writer, self._wall() - retention)
+            finally:
+                writer.close()
+        finally:
+            lead.close()
 
     def leads(self, role: str, timeout: float) -> bool:
         """True if this deployment's member became leader of ``role`` within ``timeout``.

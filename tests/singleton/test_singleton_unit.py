@@ -255,3 +255,17 @@ def test_role_groups_are_namespaced_and_share_the_leader_topic() -> None:
     a, b = config.role_neli("billing"), config.role_neli("daily_flights")
     assert (a.resolved.group_id, b.resolved.group_id) == ("acme.billing", "acme.daily_flights")
     assert a.resolved.topic == b.resolved.topic == "acme.neli"
+
+
+def test_expire_tombstones_only_finished_run_keys_past_retention(world) -> None:
+    coordinator, ledger = world
+    singleton = make("us-east-1", coordinator, ledger)
+    singleton.run(ROLE, "old", lambda run: None)
+    claimed = singleton.reserve(ROLE, "claimed")
+    assert singleton.expire(ROLE, retention=3600) == []
+    later = make("us-east-1", coordinator, ledger, wall_clock=lambda: time.time() + 7200)
+    assert later.expire(ROLE, retention=3600) == ["old"]
+    assert ledger.latest(ROLE, "old") is None
+    assert ledger.latest(ROLE, "claimed").state is RunState.CLAIMED
+    with later.claim(ROLE, "after") as run:
+        assert run.token > claimed.token, "tokens keep increasing after expiry"
