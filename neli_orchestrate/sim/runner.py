@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
@@ -188,12 +189,18 @@ def run_seeds(
     else:
         size = max(1, min(250, len(seed_list) // (workers * 4) or 1))
         chunks = [seed_list[i:i + size] for i in range(0, len(seed_list), size)]
-        context = multiprocessing.get_context("fork")
-        with context.Pool(workers) as pool:
-            for part in pool.imap(_run_chunk, [(c, config, stop_at_first) for c in chunks]):
+        # spawn, not fork: the caller (a pytest run, an Airflow worker) has threads of
+        # librdkafka and the JVM's children; a forked worker can deadlock on a lock one of
+        # them held. ProcessPoolExecutor also fails loudly if a worker dies, where Pool hangs.
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            jobs = [pool.submit(_run_chunk, (c, config, stop_at_first)) for c in chunks]
+            for job in jobs:
+                part = job.result()
                 summary.merge(part)
                 if stop_at_first and part.failures:
-                    pool.terminate()
+                    for pending in jobs:
+                        pending.cancel()
                     break
     summary.failures.sort()
     summary.seconds = time.perf_counter() - started
