@@ -52,14 +52,14 @@ from integration.airflow.harness import (  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
-DAG = '''
+DAG = """
 import pendulum
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG
 
 with DAG("bench_one_task", schedule=None, start_date=pendulum.datetime(2013, 1, 1, tz="UTC")):
     BashOperator(task_id="echo", bash_command="echo hello")
-'''
+"""
 
 
 class Sampler:
@@ -89,8 +89,8 @@ class Sampler:
                 if proc.environ().get(MARKER_ENV) != self.marker:
                     continue
                 times = proc.cpu_times()
-                self.cpu[proc.pid] = times.user + times.system + times.children_user + (
-                    times.children_system
+                self.cpu[proc.pid] = (
+                    times.user + times.system + times.children_user + (times.children_system)
                 )
                 rss += proc.memory_info().rss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -144,8 +144,12 @@ def way_harness(root: Path, triggerer: bool) -> dict[str, Any]:
             sampler.sample()
         finally:
             region.stop()
-    return {"ready_s": ready, "run_s": run, "cpu_s": sampler.cpu_seconds,
-            "peak_rss_mb": sampler.peak_rss / 2**20}
+    return {
+        "ready_s": ready,
+        "run_s": run,
+        "cpu_s": sampler.cpu_seconds,
+        "peak_rss_mb": sampler.peak_rss / 2**20,
+    }
 
 
 def way_standalone(root: Path) -> dict[str, Any]:
@@ -156,8 +160,13 @@ def way_standalone(root: Path) -> dict[str, Any]:
     with Sampler(region.marker) as sampler:
         start = time.monotonic()
         log = open(region.home / "standalone.log", "ab")  # noqa: SIM115
-        proc = subprocess.Popen([AIRFLOW, "standalone"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [AIRFLOW, "standalone"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         try:
             region._procs["standalone"] = proc  # so stop() ends its process group
@@ -168,8 +177,12 @@ def way_standalone(root: Path) -> dict[str, Any]:
             sampler.sample()
         finally:
             region.stop()
-    return {"ready_s": ready, "run_s": run, "cpu_s": sampler.cpu_seconds,
-            "peak_rss_mb": sampler.peak_rss / 2**20}
+    return {
+        "ready_s": ready,
+        "run_s": run,
+        "cpu_s": sampler.cpu_seconds,
+        "peak_rss_mb": sampler.peak_rss / 2**20,
+    }
 
 
 def way_dags_test(root: Path) -> dict[str, Any]:
@@ -180,8 +193,13 @@ def way_dags_test(root: Path) -> dict[str, Any]:
         region.prepare()
         env = region.environ()
         log = open(region.home / "api-server.log", "ab")  # noqa: SIM115
-        api = subprocess.Popen([AIRFLOW, "api-server"], env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+        api = subprocess.Popen(
+            [AIRFLOW, "api-server"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         region._procs["api-server"] = api
         try:
@@ -190,15 +208,22 @@ def way_dags_test(root: Path) -> dict[str, Any]:
             t = time.monotonic()
             result = subprocess.run(
                 [AIRFLOW, "dags", "test", "bench_one_task", "2013-01-01", "--use-executor"],
-                env=env, capture_output=True, text=True, timeout=600,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
             )
             run = time.monotonic() - t
             assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
             sampler.sample()
         finally:
             region.stop()
-    return {"ready_s": ready, "run_s": run, "cpu_s": sampler.cpu_seconds,
-            "peak_rss_mb": sampler.peak_rss / 2**20}
+    return {
+        "ready_s": ready,
+        "run_s": run,
+        "cpu_s": sampler.cpu_seconds,
+        "peak_rss_mb": sampler.peak_rss / 2**20,
+    }
 
 
 def _api_up(region: AirflowRegion) -> bool:

@@ -82,6 +82,11 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         _NUMBER,
         "How long one attempt waits to lead a role before reporting 'wait'.",
     ),
+    "max_attempts": _field(
+        "Max attempts",
+        {"type": ["integer", "null"]},
+        "Attempts per run (all deployments) before a run fails for good; empty: no limit.",
+    ),
     "heartbeat_timeout": _field(
         "Heartbeat timeout (s)",
         _NUMBER,

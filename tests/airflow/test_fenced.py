@@ -271,11 +271,11 @@ def test_fenced_wraps_any_operator_class_once() -> None:
 
 @pytest.mark.kafka
 def test_real_ledger_fenced_task_completes_once_then_skips_and_superseded_fails(
-    neli_env,
+    neli_env, claim_now
 ) -> None:
     conn_a, conn_b = neli_env(A), neli_env(B)
     with NeliHook(conn_a).get_singleton() as mine:
-        reservation = mine.reserve(ROLE, RUN_KEY)
+        reservation = claim_now(mine, ROLE, RUN_KEY)
     assert reservation.should_run
 
     FencedBash = fenced(BashOperator)
@@ -300,12 +300,12 @@ def test_real_ledger_fenced_task_completes_once_then_skips_and_superseded_fails(
     # superseded: B takes over A's claim of another run once its handoff deadline passed
     other_key = RUN_KEY + "-2"
     with NeliHook(conn_a).get_singleton() as mine:
-        first = mine.reserve(ROLE, other_key)
+        first = claim_now(mine, ROLE, other_key)
     with NeliHook(conn_b).get_singleton() as theirs:
         deadline = theirs.status(ROLE, other_key).handoff_deadline
         while time.time() <= deadline + 1.5:  # handoff + max clock error
             time.sleep(0.2)
-        second = theirs.reserve(ROLE, other_key)
+        second = claim_now(theirs, ROLE, other_key)
     assert second.should_run and second.token > first.token
     late = dag_with(lambda: FencedBash(task_id="job", bash_command="exit 1"), conn_id=conn_a)
     stale = {"token": first.token, "run_key": other_key, "role": ROLE, "deployment": A}

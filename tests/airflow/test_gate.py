@@ -21,6 +21,7 @@ import structlog
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import (
+    AirflowFailException,
     AirflowRescheduleException,
     DownstreamTasksSkipped,
     TaskDeferred,
@@ -115,9 +116,9 @@ def test_no_record_the_gate_claims_the_run_and_pushes_the_token(conns) -> None:
 
 
 def test_completed_elsewhere_the_gate_skips_everything_downstream_and_says_where(
-    conns, other
+    conns, other, claim_now
 ) -> None:
-    reservation = other.reserve(ROLE, RUN_KEY)
+    reservation = claim_now(other, ROLE, RUN_KEY)
     other.execute(ROLE, RUN_KEY, reservation.token, lambda run: None)
     done = ledger(conns)
     assert (done.state, done.deployment) == (RunState.COMPLETED, B)
@@ -137,15 +138,22 @@ def test_completed_elsewhere_the_gate_skips_everything_downstream_and_says_where
     assert ledger(conns) == done  # skipping wrote nothing
 
 
-def test_live_claim_elsewhere_the_gate_waits_in_every_mode_and_never_skips(conns, other) -> None:
-    reservation = other.reserve(ROLE, RUN_KEY)
+def test_live_claim_elsewhere_the_gate_waits_in_every_mode_and_never_skips(
+    conns, other, claim_now
+) -> None:
+    reservation = claim_now(other, ROLE, RUN_KEY)
     assert reservation.should_run
 
     # poke: one attempt says "not yet"
     gate = gate_for(conns[A], timeout=600)
     ti = RecordingTI()
-    context = {"dag": gate.dag, "ti": ti, "logical_date": LOGICAL, "ts": LOGICAL.isoformat(),
-               "run_id": "r"}
+    context = {
+        "dag": gate.dag,
+        "ti": ti,
+        "logical_date": LOGICAL,
+        "ts": LOGICAL.isoformat(),
+        "run_id": "r",
+    }
     gate.render_template_fields(context)
     assert gate.poke(context) is False
     assert ti.xcom == {}
@@ -170,16 +178,23 @@ def test_live_claim_elsewhere_the_gate_waits_in_every_mode_and_never_skips(conns
     )
 
 
-def test_claim_past_its_handoff_deadline_the_waiting_gate_takes_over(conns, other) -> None:
-    reservation = other.reserve(ROLE, RUN_KEY)
+def test_claim_past_its_handoff_deadline_the_waiting_gate_takes_over(
+    conns, other, claim_now
+) -> None:
+    reservation = claim_now(other, ROLE, RUN_KEY)
+    assert reservation.should_run, reservation
     claimed = ledger(conns)
     # poke mode: the gate keeps waiting while the claim is live, then takes it over
     claim, _ = run_gate(gate_for(conns[A]))
     record = ledger(conns)
     assert time.time() > claimed.handoff_deadline
-    assert claim["token"] > reservation.token
-    assert (record.state, record.deployment, record.token) == (RunState.CLAIMED, A, claim["token"])
-    assert record.reason.startswith("TAKE_OVER")
+    assert claim["token"] > reservation.token, (claim, reservation)
+    assert (record.state, record.deployment, record.token) == (
+        RunState.CLAIMED,
+        A,
+        claim["token"],
+    ), record
+    assert record.reason.startswith("TAKE_OVER"), record
 
 
 DEAD_RUNNER = """
@@ -188,7 +203,9 @@ from neli_orchestrate.airflow.hooks.neli import NeliHook
 conn_id, role, run_key = sys.argv[1:4]
 singleton = NeliHook(conn_id).get_singleton()
 reservation = singleton.reserve(role, run_key)
-assert reservation.should_run, reservation
+while not reservation.should_run:  # a loaded machine may answer WAIT first
+    time.sleep(0.2)
+    reservation = singleton.reserve(role, run_key)
 def work(run):
     print("RUNNING", run.token, flush=True)
     time.sleep(600)
@@ -216,8 +233,13 @@ def test_running_by_a_dead_runner_the_gate_takes_over_with_a_larger_token(conns)
         # while B's runner is alive it leads the role: the gate waits, it does not skip
         alive_gate = gate_for(conns[A])
         ti = RecordingTI()
-        context = {"dag": alive_gate.dag, "ti": ti, "logical_date": LOGICAL,
-                   "ts": LOGICAL.isoformat(), "run_id": "r"}
+        context = {
+            "dag": alive_gate.dag,
+            "ti": ti,
+            "logical_date": LOGICAL,
+            "ts": LOGICAL.isoformat(),
+            "run_id": "r",
+        }
         alive_gate.render_template_fields(context)
         assert alive_gate.poke(context) is False
     finally:
@@ -229,8 +251,10 @@ def test_running_by_a_dead_runner_the_gate_takes_over_with_a_larger_token(conns)
     assert (record.state, record.deployment, record.attempt) == (RunState.CLAIMED, A, 2)
 
 
-def test_work_running_elsewhere_the_gate_waits_then_skips_once_it_completed(conns, other) -> None:
-    reservation = other.reserve(ROLE, RUN_KEY)
+def test_work_running_elsewhere_the_gate_waits_then_skips_once_it_completed(
+    conns, other, claim_now
+) -> None:
+    reservation = claim_now(other, ROLE, RUN_KEY)
     started, release = threading.Event(), threading.Event()
 
     def work(run: Any) -> None:
@@ -243,8 +267,13 @@ def test_work_running_elsewhere_the_gate_waits_then_skips_once_it_completed(conn
     runner.start()
     assert started.wait(30)
     gate = gate_for(conns[A])
-    context = {"dag": gate.dag, "ti": RecordingTI(), "logical_date": LOGICAL,
-               "ts": LOGICAL.isoformat(), "run_id": "r"}
+    context = {
+        "dag": gate.dag,
+        "ti": RecordingTI(),
+        "logical_date": LOGICAL,
+        "ts": LOGICAL.isoformat(),
+        "run_id": "r",
+    }
     gate.render_template_fields(context)
     assert gate.poke(context) is False  # B leads the role while its work runs
     release.set()
@@ -258,8 +287,10 @@ def _fail(run: Any) -> None:
     raise RuntimeError("spark job exited with 1")
 
 
-def test_failed_elsewhere_the_failing_deployment_retries_first_then_anyone(conns, other) -> None:
-    reservation = other.reserve(ROLE, RUN_KEY)
+def test_failed_elsewhere_the_failing_deployment_retries_first_then_anyone(
+    conns, other, claim_now
+) -> None:
+    reservation = claim_now(other, ROLE, RUN_KEY)
     with pytest.raises(RuntimeError):
         other.execute(ROLE, RUN_KEY, reservation.token, _fail)
     failed = ledger(conns)
@@ -267,8 +298,13 @@ def test_failed_elsewhere_the_failing_deployment_retries_first_then_anyone(conns
     assert "spark job exited with 1" in failed.reason
 
     gate = gate_for(conns[A])
-    context = {"dag": gate.dag, "ti": RecordingTI(), "logical_date": LOGICAL,
-               "ts": LOGICAL.isoformat(), "run_id": "r"}
+    context = {
+        "dag": gate.dag,
+        "ti": RecordingTI(),
+        "logical_date": LOGICAL,
+        "ts": LOGICAL.isoformat(),
+        "run_id": "r",
+    }
     gate.render_template_fields(context)
     assert gate.poke(context) is False  # B's retry window
 
@@ -278,14 +314,19 @@ def test_failed_elsewhere_the_failing_deployment_retries_first_then_anyone(conns
     assert (record.state, record.deployment, record.attempt) == (RunState.CLAIMED, A, 2)
 
 
-def test_failed_here_the_gate_retries_at_once_with_a_new_token(conns) -> None:
+def test_failed_here_the_gate_retries_at_once_with_a_new_token(conns, claim_now) -> None:
     with NeliHook(conns[A]).get_singleton() as mine:
-        reservation = mine.reserve(ROLE, RUN_KEY)
+        reservation = claim_now(mine, ROLE, RUN_KEY)
         with pytest.raises(RuntimeError):
             mine.execute(ROLE, RUN_KEY, reservation.token, _fail)
     gate = gate_for(conns[A])
-    context = {"dag": gate.dag, "ti": RecordingTI(), "logical_date": LOGICAL,
-               "ts": LOGICAL.isoformat(), "run_id": "r"}
+    context = {
+        "dag": gate.dag,
+        "ti": RecordingTI(),
+        "logical_date": LOGICAL,
+        "ts": LOGICAL.isoformat(),
+        "run_id": "r",
+    }
     gate.render_template_fields(context)
     result = gate.poke(context)
     assert result and result.xcom_value["token"] > reservation.token
@@ -293,11 +334,34 @@ def test_failed_here_the_gate_retries_at_once_with_a_new_token(conns) -> None:
     assert (record.state, record.attempt) == (RunState.CLAIMED, 2)
 
 
+def test_own_unstarted_claim_the_gate_supersedes_it_with_a_larger_token(conns, claim_now) -> None:
+    with NeliHook(conns[A]).get_singleton() as mine:
+        earlier = claim_now(mine, ROLE, RUN_KEY)  # e.g. a gate try whose executor never started
+    claim, _ = run_gate(gate_for(conns[A]))
+    record = ledger(conns)
+    assert claim["token"] > earlier.token
+    assert (record.state, record.deployment, record.token) == (RunState.CLAIMED, A, claim["token"])
+
+
+def test_attempts_exhausted_the_gate_fails_for_good(neli_env, claim_now) -> None:
+    conn = neli_env(A, max_attempts=1)
+    with NeliHook(conn).get_singleton() as mine:
+        reservation = claim_now(mine, ROLE, RUN_KEY)
+        with pytest.raises(RuntimeError):
+            mine.execute(ROLE, RUN_KEY, reservation.token, _fail)
+    with pytest.raises(AirflowFailException, match="failed for good"):
+        run_gate(gate_for(conn))
+
+
 def test_deferred_gate_resumes_by_deciding_again(conns, other) -> None:
     # the trigger's event is only a hint: the resumed gate reserves for itself
-    claim, _ = run_gate(gate_for(conns[A], deferrable=True), "execute_complete",
-                        event={"status": "leader"})
+    claim, _ = run_gate(
+        gate_for(conns[A], deferrable=True), "execute_complete", event={"status": "leader"}
+    )
     assert claim["deployment"] == A
     with pytest.raises(Exception, match="NELI trigger failed: boom"):
-        run_gate(gate_for(conns[A], deferrable=True), "execute_complete",
-                 event={"status": "error", "message": "boom"})
+        run_gate(
+            gate_for(conns[A], deferrable=True),
+            "execute_complete",
+            event={"status": "error", "message": "boom"},
+        )

@@ -81,6 +81,7 @@ def test_kafka_config_may_be_given_as_a_json_string() -> None:
         (neli({"kafka_config": ["a"]}), "must be a JSON object"),
         (neli({"handoff_timeout": "soon"}), "'handoff_timeout' must be a number of seconds"),
         (neli({"acquire_timeout": 0}), "'acquire_timeout' must be > 0"),
+        (neli({"max_attempts": "2.5"}), "'max_attempts' must be a whole number >= 1"),
         (
             Connection(conn_id="pg", conn_type="postgres", host="db"),
             "needs a 'neli' or 'kafka' connection",
@@ -149,6 +150,7 @@ def test_hook_builds_neli_and_singleton_config_from_the_connection() -> None:
             "session_timeout": 6,
             "heartbeat_timeout": 1.5,
             "profile": "fast",
+            "max_attempts": 3,
         }
     )
     hook = NeliHook("neli_x", connection=conn)
@@ -156,6 +158,7 @@ def test_hook_builds_neli_and_singleton_config_from_the_connection() -> None:
     assert config.deployment == "us-east-1"
     assert config.ledger_topic == "acme.ledger"
     assert (config.handoff_timeout, config.acquire_timeout) == (120.0, 30.0)
+    assert config.max_attempts == 3
     resolved = config.neli.resolved
     assert (resolved.group_id, resolved.topic) == ("acme", "acme.neli")
     assert (resolved.session_timeout, resolved.heartbeat_timeout) == (6.0, 1.5)
@@ -168,9 +171,11 @@ def test_hook_builds_neli_and_singleton_config_from_the_connection() -> None:
     assert hook.deployment == "eu-west-1"
 
 
-def test_hook_rejects_unknown_settings() -> None:
-    with pytest.raises(ConfigError, match="unknown settings"):
-        NeliHook("neli_x", handoff_timout=3)
+def test_hook_rejects_unknown_and_invalid_settings() -> None:
+    with pytest.raises(TypeError, match="handoff_timout"):
+        NeliHook("neli_x", handoff_timout=3)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="'acquire_timeout' must be > 0"):
+        NeliHook("neli_x", connection=neli(), acquire_timeout=-1).settings  # noqa: B018
 
 
 def test_hook_reads_the_connection_from_airflow(monkeypatch) -> None:

@@ -19,8 +19,11 @@ AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 
 def test_entry_point_points_at_get_provider_info() -> None:
-    points = [ep for ep in entry_points(group="apache_airflow_provider") if ep.value.startswith(
-        "neli_orchestrate.")]
+    points = [
+        ep
+        for ep in entry_points(group="apache_airflow_provider")
+        if ep.value.startswith("neli_orchestrate.")
+    ]
     assert [(ep.name, ep.value) for ep in points] == [
         ("provider_info", "neli_orchestrate.airflow.provider:get_provider_info")
     ]

@@ -53,8 +53,13 @@ def conns(neli_env) -> dict[str, str]:
 
 def test_trigger_serializes_to_the_arguments_that_rebuild_it() -> None:
     trigger = NeliLeadershipTrigger(
-        role=ROLE, run_key=RUN_KEY, neli_conn_id="n", deployment="d", acquire_timeout=2,
-        poll_interval=7, first_check=0,
+        role=ROLE,
+        run_key=RUN_KEY,
+        neli_conn_id="n",
+        deployment="d",
+        acquire_timeout=2,
+        poll_interval=7,
+        first_check=0,
     )
     path, kwargs = trigger.serialize()
     assert path == "neli_orchestrate.airflow.triggers.leader.NeliLeadershipTrigger"
@@ -69,12 +74,13 @@ def test_trigger_serializes_to_the_arguments_that_rebuild_it() -> None:
         "first_check": 0.0,
     }
     # by default the first check waits out Airflow's defer/resume race (apache/airflow#72716)
-    assert NeliLeadershipTrigger(role=ROLE).first_check == 15.0
+    assert NeliLeadershipTrigger(role=ROLE, poll_interval=5).first_check == 15.0
+    assert NeliLeadershipTrigger(role=ROLE, poll_interval=60).first_check == 60.0
 
 
-def test_trigger_keeps_waiting_while_a_claim_elsewhere_is_live(conns) -> None:
+def test_trigger_keeps_waiting_while_a_claim_elsewhere_is_live(conns, claim_now) -> None:
     with NeliHook(conns[B]).get_singleton() as other:
-        assert other.reserve(ROLE, RUN_KEY).should_run
+        claim_now(other, ROLE, RUN_KEY)
         deadline = other.status(ROLE, RUN_KEY).handoff_deadline
     trigger = ThreadRecordingTrigger(
         role=ROLE, run_key=RUN_KEY, neli_conn_id=conns[A], poll_interval=0.5, first_check=0
@@ -85,9 +91,9 @@ def test_trigger_keeps_waiting_while_a_claim_elsewhere_is_live(conns) -> None:
     assert payload["checks"] > 1
 
 
-def test_trigger_fires_done_when_the_run_completed(conns) -> None:
+def test_trigger_fires_done_when_the_run_completed(conns, claim_now) -> None:
     with NeliHook(conns[B]).get_singleton() as other:
-        reservation = other.reserve(ROLE, RUN_KEY)
+        reservation = claim_now(other, ROLE, RUN_KEY)
         other.execute(ROLE, RUN_KEY, reservation.token, lambda run: None)
     trigger = ThreadRecordingTrigger(
         role=ROLE, run_key=RUN_KEY, neli_conn_id=conns[A], first_check=0
@@ -120,7 +126,7 @@ def sensor_for(conn_id: str, **kwargs: Any) -> NeliLeaderSensor:
         )
 
 
-def test_sensor_waits_while_another_deployment_leads_the_role(conns) -> None:
+def test_sensor_waits_while_another_deployment_leads_the_role(conns, claim_now) -> None:
     started, release = threading.Event(), threading.Event()
 
     def work(run: Any) -> None:
@@ -128,7 +134,7 @@ def test_sensor_waits_while_another_deployment_leads_the_role(conns) -> None:
         release.wait(60)
 
     with NeliHook(conns[B]).get_singleton() as other:
-        reservation = other.reserve(ROLE, RUN_KEY)
+        reservation = claim_now(other, ROLE, RUN_KEY)
         runner = threading.Thread(
             target=other.execute, args=(ROLE, RUN_KEY, reservation.token, work), daemon=True
         )

@@ -94,6 +94,7 @@ class NeliConnectionSettings:
     connect_timeout: float = 10.0
     profile: str | None = None
     group_protocol: str | None = None
+    max_attempts: int | None = None
 
     @property
     def group_id(self) -> str:
@@ -241,9 +242,7 @@ def settings_from_connection(
                 )
         neli_extras = extras
     elif conn_type == KAFKA_CONN_TYPE:
-        kafka_config = {
-            str(k): v for k, v in extras.items() if "." in str(k) or str(k) == "debug"
-        }
+        kafka_config = {str(k): v for k, v in extras.items() if "." in str(k) or str(k) == "debug"}
         bootstrap = str(kafka_config.pop("bootstrap.servers", "") or "").strip()
         if not bootstrap:
             raise ConfigError(
@@ -302,9 +301,25 @@ def settings_from_connection(
         kafka_config=kafka_config,
         connect_timeout=connect_timeout,
         profile=_optional_text(neli_extras.get("profile")),
+        max_attempts=_as_attempts(conn_id, neli_extras.get("max_attempts")),
         group_protocol=_optional_text(neli_extras.get("group_protocol")),
         **timeouts,
     )
+
+
+def _as_attempts(conn_id: str, value: Any) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or number < 1 or str(number) != str(value).strip():
+        raise ConfigError(
+            f"connection {conn_id!r}: extra 'max_attempts' must be a whole number >= 1 (or "
+            f"empty for no limit), got {value!r}"
+        )
+    return number
 
 
 def _optional_text(value: Any) -> str | None:
@@ -327,8 +342,13 @@ class NeliHook(BaseHook):
     :param deployment: this deployment's id; overrides the connection and ``[neli] deployment``.
     :param namespace: group/topic prefix; overrides the connection (default ``neli``).
     :param ledger_topic: run ledger topic; overrides the connection.
-    :param timeouts: ``handoff_timeout``, ``acquire_timeout``, ``heartbeat_timeout``,
-        ``session_timeout``, ``connect_timeout`` in seconds; override the connection.
+    :param handoff_timeout: seconds another deployment's claim is respected.
+    :param acquire_timeout: seconds one attempt waits to lead a role.
+    :param heartbeat_timeout: NELI heartbeat lease.
+    :param session_timeout: consumer group session timeout.
+    :param connect_timeout: broker round trips of test_connection and metadata reads.
+
+    Each of the timeouts (seconds) overrides the connection's extra of the same name.
     :param connection: an already fetched connection (triggers fetch it asynchronously).
     """
 
@@ -344,20 +364,25 @@ class NeliHook(BaseHook):
         deployment: str | None = None,
         namespace: str | None = None,
         ledger_topic: str | None = None,
+        handoff_timeout: float | None = None,
+        acquire_timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
+        session_timeout: float | None = None,
+        connect_timeout: float | None = None,
         connection: Connection | None = None,
-        **timeouts: float | None,
     ) -> None:
         super().__init__()
         self.neli_conn_id = neli_conn_id
         self._deployment = deployment
         self._namespace = namespace
         self._ledger_topic = ledger_topic
-        self._timeouts = dict(timeouts)
-        unknown = set(self._timeouts) - set(_TIMEOUT_EXTRAS)
-        if unknown:
-            raise ConfigError(
-                f"NeliHook got unknown settings {sorted(unknown)}; known: {list(_TIMEOUT_EXTRAS)}"
-            )
+        self._timeouts = {
+            "handoff_timeout": handoff_timeout,
+            "acquire_timeout": acquire_timeout,
+            "heartbeat_timeout": heartbeat_timeout,
+            "session_timeout": session_timeout,
+            "connect_timeout": connect_timeout,
+        }
         self._connection = connection
         self._settings: NeliConnectionSettings | None = None
 
@@ -426,6 +451,8 @@ class NeliHook(BaseHook):
             options["handoff_timeout"] = s.handoff_timeout
         if s.acquire_timeout is not None:
             options["acquire_timeout"] = s.acquire_timeout
+        if s.max_attempts is not None:
+            options["max_attempts"] = s.max_attempts
         return SingletonConfig(**options)
 
     def get_singleton(self) -> Singleton:

@@ -241,18 +241,21 @@ class FencedExecutionMixin:
         if main.ident is not None:
             signal.pthread_kill(main.ident, FENCE_SIGNAL)
 
-    def _install_fence_handler(self) -> Any:
+    def _install_fence_handler(self) -> tuple[bool, Any]:
+        """Install the SIGUSR1 handler; return (installed, previous handler)."""
         if threading.current_thread() is not threading.main_thread():
             self.log.warning(  # type: ignore[attr-defined]
                 "not in the main thread: a fence cannot interrupt the work; it fails the "
                 "task when the work returns"
             )
-            return None
-        return signal.signal(FENCE_SIGNAL, self._fence_signal_handler)
+            return False, None
+        return True, signal.signal(FENCE_SIGNAL, self._fence_signal_handler)
 
-    def _restore_fence_handler(self, previous: Any) -> None:
-        if previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(FENCE_SIGNAL, previous)
+    def _restore_fence_handler(self, installed: tuple[bool, Any]) -> None:
+        done, previous = installed
+        if done:
+            # None means "not set from Python": the default action is what was there.
+            signal.signal(FENCE_SIGNAL, signal.SIG_DFL if previous is None else previous)
 
     def _fence_signal_handler(self, signum: int, frame: Any) -> None:
         if self._neli_fence_reason is None:

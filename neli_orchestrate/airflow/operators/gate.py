@@ -282,8 +282,7 @@ class LeaderGateOperator(BaseSensorOperator, SkipMixin):
         ti = context["ti"]
         downstream = list(self.get_flat_relatives(upstream=False))
         where = (
-            f"deployment {record.deployment!r} at {format_epoch(record.at)} "
-            f"(token {record.token})"
+            f"deployment {record.deployment!r} at {format_epoch(record.at)} (token {record.token})"
             if record is not None
             else "another deployment"
         )

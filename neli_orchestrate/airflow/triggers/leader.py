@@ -142,31 +142,37 @@ class NeliLeadershipTrigger(BaseTrigger):
 
         with open_singleton(hook) as singleton:
             members = hook.role_members(self.role)
+            record = None
             if self.run_key is not None:
                 record = singleton.status(self.role, self.run_key)
                 decision = _decide(singleton, hook, record)
-                if decision is not None and decision.outcome in ("SKIP_DONE", "GIVE_UP"):
+                if decision.outcome in ("SKIP_DONE", "GIVE_UP"):
                     return {
                         "status": "done",
                         "outcome": str(decision.outcome),
                         "record": record_to_dict(record),
                     }
-                if decision is not None and decision.outcome == "WAIT":
-                    self.log.info(
-                        "Run %r of role %r: still waiting (%s)",
-                        self.run_key,
-                        self.role,
-                        describe_record(record),
-                    )
+                if decision.outcome == "WAIT":
+                    self._waiting(f"{decision.reason} (latest record: {describe_record(record)})")
                     return None
             if members:
                 # Never join a busy group: it would rebalance under the running leader.
-                self.log.info("Role %r is busy (%d member(s)); waiting", self.role, members)
+                self._waiting(
+                    f"role {self.role!r} is busy: {members} member(s) lead or wait for it"
+                    + (f" (latest record: {describe_record(record)})" if self.run_key else "")
+                )
                 return None
             if singleton.leads(self.role, self._leads_timeout(hook)):
                 return {"status": "leader", "role": self.role, "deployment": hook.deployment}
-            self.log.info("Role %r is led by another deployment; waiting", self.role)
+            self._waiting(f"role {self.role!r} is led by another member")
             return None
+
+    def _waiting(self, reason: str) -> None:
+        # One line per change of reason, not one per poll: the task's log stays readable.
+        if reason != getattr(self, "_last_reason", None):
+            self._last_reason = reason
+            what = f"run {self.run_key!r}" if self.run_key else f"role {self.role!r}"
+            self.log.info("Waiting for %s: %s", what, reason)
 
     def _leads_timeout(self, hook: Any) -> float:
         if self.acquire_timeout is not None:
