@@ -472,28 +472,7 @@ class NeliHook(BaseHook):
         not join then, because every join rebalances the group the running leader is in.
         Raises KafkaUnavailableError when the brokers do not answer.
         """
-        from confluent_kafka.admin import AdminClient
-
-        from neli_orchestrate.errors import KafkaUnavailableError
-
-        s = self.settings
-        group = self.role_group(role)
-        admin = AdminClient(
-            {
-                **s.client_config(),
-                "socket.timeout.ms": int(s.connect_timeout * 1000),
-                "logger": logging.getLogger("neli_orchestrate.airflow.kafka"),
-            }
-        )
-        try:
-            futures = admin.describe_consumer_groups([group], request_timeout=s.connect_timeout)
-            description = futures[group].result(timeout=s.connect_timeout + 5)
-        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
-            raise KafkaUnavailableError(
-                f"cannot describe consumer group {group!r} at {s.bootstrap_servers}: "
-                f"{_safe_text(str(exc), s)}"
-            ) from exc
-        return len(description.members or [])
+        return self.get_singleton().role_members(role)
 
     def test_connection(self) -> tuple[bool, str]:
         """Check that the brokers answer and the ledger topic exists; return (ok, message)."""
