@@ -32,10 +32,11 @@ from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, SkipMixin
+from airflow.sdk import PokeReturnValue, SkipMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def _busy_reservation(singleton: Any, role: str, run_key: str, members: int) -> 
     )
 
 
-class LeaderGateOperator(BaseSensorOperator, SkipMixin):
+class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
     """Claim this run for this deployment, or skip downstream when it completed elsewhere.
 
     :param role: the singleton role (templated); one holder at a time. Template it per date
@@ -175,39 +176,8 @@ class LeaderGateOperator(BaseSensorOperator, SkipMixin):
             self.neli_conn_id, deployment=self.deployment, acquire_timeout=self.acquire_timeout
         )
 
-    def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        result = self.poke(context)
-        if result:
-            return result.xcom_value if isinstance(result, PokeReturnValue) else None
-        self._defer()
-
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
-        """Resume after NeliLeadershipTrigger fired: decide again (never trust the trigger)."""
-        event = event or {}
-        if event.get("status") == "error":
-            raise AirflowException(f"NELI trigger failed: {event.get('message')}")
-        result = self.poke(context)
-        if result:
-            return result.xcom_value if isinstance(result, PokeReturnValue) else None
-        self._defer()
-
-    def _defer(self) -> None:
-        from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
-
-        self.defer(
-            trigger=NeliLeadershipTrigger(
-                role=self.role,
-                run_key=self.run_key,
-                neli_conn_id=self.neli_conn_id,
-                deployment=self.deployment,
-                acquire_timeout=self.acquire_timeout,
-                poll_interval=self.poke_interval,
-            ),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
-        )
+    def _trigger_run_key(self) -> str | None:
+        return self.run_key
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         """One attempt: reserve the run and act on the outcome (RUN, SKIP_DONE or WAIT)."""

@@ -19,17 +19,18 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk import PokeReturnValue
+from airflow.sdk.exceptions import AirflowFailException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class NeliLeaderSensor(BaseSensorOperator):
+class NeliLeaderSensor(DeferrableNeliSensor):
     """Succeed once this deployment leads ``role``; poke, reschedule or deferrable.
 
     :param role: the role (templated).
@@ -101,35 +102,3 @@ class NeliLeaderSensor(BaseSensorOperator):
             is_done=True, xcom_value={"role": self.role, "deployment": hook.deployment}
         )
 
-    def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        result = self.poke(context)
-        if result:
-            return result.xcom_value if isinstance(result, PokeReturnValue) else None
-        self._defer()
-
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
-        """Resume after the trigger fired; confirm leadership with one more poke."""
-        event = event or {}
-        if event.get("status") == "error":
-            raise AirflowException(f"NELI trigger failed: {event.get('message')}")
-        result = self.poke(context)
-        if result:
-            return result.xcom_value if isinstance(result, PokeReturnValue) else None
-        self._defer()
-
-    def _defer(self) -> None:
-        from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
-
-        self.defer(
-            trigger=NeliLeadershipTrigger(
-                role=self.role,
-                neli_conn_id=self.neli_conn_id,
-                deployment=self.deployment,
-                acquire_timeout=self.acquire_timeout,
-                poll_interval=self.poke_interval,
-            ),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
-        )
