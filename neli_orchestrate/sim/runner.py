@@ -71,6 +71,13 @@ def run_seed(
         return SeedResult(seed, "ERROR", traceback.format_exc(), sim.stats, sim.kernel.trace)
 
 
+#: Counters of :class:`Stats` that a :class:`Summary` sums over seeds.
+_SUMMED = (
+    "fault_free", "events", "works", "claims", "completed", "terminal_failed",
+    "fenced_writes", "stale_sink_commits", "leader_gains", "faults",
+)
+
+
 @dataclasses.dataclass
 class Summary:
     """Totals over many seeds; ``failures`` holds (seed, invariant, message) of failing seeds."""
@@ -98,31 +105,22 @@ class Summary:
         self.seeds += 1
         if not result.ok:
             self.failures.append((seed, result.invariant or "", result.message))
-        stats = result.stats
-        for name in (
-            "fault_free", "events", "works", "claims", "completed", "terminal_failed",
-            "fenced_writes", "stale_sink_commits", "leader_gains", "faults",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(stats, name))
-        gap = stats.min_handover_gap
-        if gap is not None and (self.min_handover_gap is None or gap < self.min_handover_gap):
-            self.min_handover_gap = gap
-        for what, n in stats.fired.items():
-            self.fired[what] = self.fired.get(what, 0) + n
+        self._accumulate(result.stats)
 
     def merge(self, other: Summary) -> None:
         self.seeds += other.seeds
         self.cpu_seconds += other.cpu_seconds
         self.failures.extend(other.failures)
-        for name in (
-            "fault_free", "events", "works", "claims", "completed", "terminal_failed",
-            "fenced_writes", "stale_sink_commits", "leader_gains", "faults",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        gap = other.min_handover_gap
+        self._accumulate(other)
+
+    def _accumulate(self, totals: Stats | Summary) -> None:
+        """Add the counters of one schedule's Stats, or of another Summary, to these."""
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(totals, name))
+        gap = totals.min_handover_gap
         if gap is not None and (self.min_handover_gap is None or gap < self.min_handover_gap):
             self.min_handover_gap = gap
-        for what, n in other.fired.items():
+        for what, n in totals.fired.items():
             self.fired[what] = self.fired.get(what, 0) + n
 
     def as_dict(self) -> dict[str, Any]:
