@@ -1,0 +1,173 @@
+"""Folding a role's ledger messages into the latest record of every run key, and the token rule."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from neli_orchestrate.ledger.record import (
+    LedgerError,
+    LedgerRecord,
+    MalformedRecordError,
+    RunState,
+    _parse,
+    decode_key,
+    role_key_prefix,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The role's ledger as of one replay: the latest readable record of every run key.
+
+    ``end_offset`` is the read_committed position the replay reached (at least the partition's
+    high watermark when the replay started). ``fenced`` is True when the replay was taken
+    through a :class:`LedgerWriter` after its fence; only then may ``end_offset`` serve as a
+    token (:attr:`next_token`).
+    """
+
+    role: str
+    records: Mapping[str, LedgerRecord]
+    end_offset: int
+    fenced: bool = False
+    #: How many messages of this role were ignored (malformed or unknown version).
+    ignored: int = 0
+    #: Run keys whose newest message could not be read (an older readable one may be in
+    #: ``records``); ``singleton`` may refuse to decide on them.
+    unreadable: tuple[str, ...] = ()
+    #: Highest token of any record of the role seen in this replay.
+    max_token: int = -1
+
+    def latest(self, run_key: str) -> LedgerRecord | None:
+        """The latest readable record of ``run_key``, or None if there is none."""
+        return self.records.get(run_key)
+
+    @property
+    def next_token(self) -> int:
+        """Token for a claim written after this replay: the end offset, strictly above every token.
+
+        Raises :class:`LedgerError` if this replay was not taken through a writer (tokens are
+        only increasing when read after the fence), or if the end offset is not above every
+        token already in the ledger (the topic was recreated or rewritten: tokens would go
+        backwards, and token-checked sinks would refuse the work).
+        """
+        if not self.fenced:
+            raise LedgerError(
+                "a claim token needs a replay taken through LedgerWriter.replay() after begin();"
+                " LedgerStore.replay() is for observers"
+            )
+        if self.end_offset <= self.max_token:
+            raise LedgerError(
+                f"ledger of role {self.role!r} ends at offset {self.end_offset} but already holds"
+                f" token {self.max_token}: the ledger topic was recreated or rewritten, so new"
+                " tokens would go backwards. Restore the topic, or reset the sinks' committed"
+                " tokens deliberately before running again."
+            )
+        return self.end_offset
+
+
+class ReplayBuilder:
+    """Fold the raw messages of one partition, in offset order, into a :class:`Replay` of a role.
+
+    Shared by :class:`KafkaLedger` and the simulator's store, so both apply the same key
+    filter, codec and tombstone rules. Messages of other roles are skipped without decoding.
+    """
+
+    _MAX_WARNINGS = 10
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self._prefix = role_key_prefix(role)
+        self._skip = len(self._prefix)
+        self._records: dict[str, LedgerRecord] = {}
+        self._unreadable: dict[str, None] = {}
+        self._ignored = 0
+        self._max_token = -1
+
+    def add(self, key: bytes | None, value: bytes | None, offset: int) -> None:
+        """Apply one message (``value`` None is a tombstone)."""
+        if key is None or not key.startswith(self._prefix):
+            return
+        # Fast path: the run key's JSON string holds no escapes, so it is the raw bytes between
+        # the quotes; anything else goes through the JSON parser.
+        rest = key[self._skip:]
+        if (
+            rest[:1] == b'"' and rest[-2:] == b'"]' and b"\\" not in rest
+            and rest.count(b'"') == 2 and len(rest) > 3
+        ):
+            try:
+                parts: tuple[str, str] | None = (self.role, rest[1:-2].decode("utf-8"))
+            except UnicodeDecodeError:
+                parts = None
+        else:
+            parts = decode_key(key)
+        if parts is None or parts[0] != self.role:
+            self._ignore(key, offset, "key is not a ledger key")
+            return
+        run_key = parts[1]
+        if value is None:
+            self._records.pop(run_key, None)
+            self._unreadable.pop(run_key, None)
+            return
+        try:
+            record = _parse(value, parts)
+        except MalformedRecordError as exc:
+            self._ignore(key, offset, str(exc))
+            self._unreadable[run_key] = None
+            return
+        if record.token > offset:
+            # A claim's token is the end offset read before it was written, so it can never
+            # exceed the record's own offset; this one was copied in from elsewhere.
+            self._ignore(key, offset, f"token {record.token} above its own offset {offset}")
+            self._unreadable[run_key] = None
+            return
+        self._records[run_key] = record
+        self._unreadable.pop(run_key, None)
+        if record.token > self._max_token:
+            self._max_token = record.token
+
+    def _ignore(self, key: bytes, offset: int, why: str) -> None:
+        self._ignored += 1
+        if self._ignored <= self._MAX_WARNINGS:
+            logger.warning(
+                "ignoring ledger record of role %r at offset %d (key %r): %s",
+                self.role, offset, key, why,
+            )
+
+    def build(self, end_offset: int, *, fenced: bool) -> Replay:
+        """The replay as of ``end_offset`` (the read_committed position reached)."""
+        if self._ignored > self._MAX_WARNINGS:
+            logger.warning(
+                "ignored %d unreadable ledger records of role %r in total",
+                self._ignored, self.role,
+            )
+        return Replay(
+            role=self.role,
+            records=MappingProxyType(dict(self._records)),
+            end_offset=end_offset,
+            fenced=fenced,
+            ignored=self._ignored,
+            unreadable=tuple(self._unreadable),
+            max_token=self._max_token,
+        )
+
+
+def expired_run_keys(replay: Replay, older_than: float) -> list[str]:
+    """Run keys to tombstone: latest record ``COMPLETED`` or ``FAILED`` and written before
+    ``older_than`` (wall-clock epoch seconds).
+
+    A ``CLAIMED`` or ``RUNNING`` run key is never expired, however old: its claim may still be
+    live, and forgetting it would let a second deployment run it. An expired run key looks as
+    if it never ran; choose a retention longer than any deployment may still schedule it
+    (catch-up, backfills).
+    """
+    return [
+        run_key
+        for run_key, record in replay.records.items()
+        if record.state in (RunState.COMPLETED, RunState.FAILED) and record.at < older_than
+    ]
+
