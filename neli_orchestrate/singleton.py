@@ -2,9 +2,8 @@
 
 Usage::
 
-    singleton = Singleton(SingletonConfig(neli=NeliConfig(bootstrap_servers="127.0.0.1:9092",
-                                                          group_id="acme.neli"),
-                                          deployment="us-east-1"))
+    singleton = Singleton(SingletonConfig(neli=NeliConfig(bootstrap_servers="127.0.0.1:9092"),
+                                          namespace="acme", deployment="us-east-1"))
     with singleton.claim(role="daily_flights", run_key="2013-01-05") as run:
         if run.should_run:
             build_table(token=run.token)     # leaving the block records COMPLETED
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
+from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
     ClaimStatus,
@@ -57,7 +57,6 @@ from neli_orchestrate.errors import (
     SkippedRun,
 )
 from neli_orchestrate.ledger import (
-    DEFAULT_LEDGER_TOPIC,
     KafkaLedger,
     KafkaLedgerConfig,
     LedgerRecord,
@@ -79,8 +78,11 @@ __all__ = ["Reservation", "Run", "Singleton", "SingletonConfig"]
 class SingletonConfig:
     """How a deployment takes part in singleton runs; one configuration serves many roles.
 
-    ``neli.group_id`` is a namespace: the NELI group of role ``r`` is ``f"{group_id}.{r}"``;
-    all roles share the leader topic ``neli.topic``.
+    ``namespace`` (required) names every Kafka resource the deployment shares with the others
+    (:func:`neli_orchestrate.core.namespace.derive`): role ``r`` contends in the group
+    ``<namespace>.<r>`` on the leader topic ``<namespace>.neli``, and runs are recorded in the
+    ledger ``<namespace>.ledger`` (``ledger_topic`` overrides it). ``neli`` carries the
+    connection and timing settings; its ``group_id`` and ``topic`` must stay unset.
 
     - ``handoff_timeout``: seconds another deployment's ``CLAIMED`` (and a ``FAILED`` retry of
       the failing deployment) is respected. Must exceed the gate→executor delay of the
@@ -95,7 +97,8 @@ class SingletonConfig:
 
     neli: NeliConfig
     deployment: str
-    ledger_topic: str = DEFAULT_LEDGER_TOPIC
+    namespace: str | None = None
+    ledger_topic: str | None = None
     handoff_timeout: float = 300.0
     acquire_timeout: float = 60.0
     failed_retry: FailedRetry = FailedRetry.SAME_DEPLOYMENT_FIRST
@@ -105,10 +108,18 @@ class SingletonConfig:
     #: Poll interval of the watchdog and of leadership acquisition, seconds.
     poll_interval: float = 0.05
     policy: DecisionPolicy = field(init=False, repr=False)
+    names: Namespace = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.deployment, str) or not self.deployment.strip():
             raise ConfigError("deployment must name this orchestrator deployment, e.g. 'us-east-1'")
+        for name in ("group_id", "topic"):
+            if getattr(self.neli, name) is not None:
+                raise ConfigError(
+                    f"SingletonConfig derives each role's group and the leader topic from the "
+                    f"namespace: leave NeliConfig.{name} unset and pass "
+                    f"SingletonConfig(namespace=...) instead")
+        object.__setattr__(self, "names", derive(self.namespace, ledger_topic=self.ledger_topic))
         for name in ("acquire_timeout", "poll_interval"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
@@ -124,19 +135,16 @@ class SingletonConfig:
 
     def role_neli(self, role: str) -> NeliConfig:
         """The NELI configuration of ``role``'s group."""
-        if not role or not isinstance(role, str):
-            raise ConfigError(f"role must be a non-empty string, got {role!r}")
-        namespace = self.neli.resolved
-        return dataclasses.replace(self.neli, group_id=f"{namespace.group_id}.{role}",
-                                   topic=namespace.topic)
+        return dataclasses.replace(self.neli, group_id=self.names.group_id(role),
+                                   topic=self.names.leader_topic)
 
     def ledger_config(self) -> KafkaLedgerConfig:
         """The ledger's Kafka configuration, sharing the member's client settings."""
         return KafkaLedgerConfig(
             bootstrap_servers=self.neli.bootstrap_servers,
-            topic=self.ledger_topic,
+            topic=self.names.ledger_topic,
             partitions=self.ledger_partitions,
-            transactional_id_prefix=f"{self.neli.resolved.group_id}.ledger:",
+            transactional_id_prefix=self.names.transactional_id_prefix,
             kafka_config=_client_settings(self.neli.kafka_config),
         )
 

@@ -43,9 +43,8 @@ def args_for(env: dict, deployment: str, **extra: object) -> dict:  # type: igno
 
 
 def singleton(env: dict, deployment: str) -> Singleton:  # type: ignore[type-arg]
-    neli = NeliConfig(bootstrap_servers=env["bootstrap"], group_id=env["namespace"],
-                      **{**TIMINGS, **env["timings"]})
-    return Singleton(SingletonConfig(neli=neli, deployment=deployment,
+    neli = NeliConfig(bootstrap_servers=env["bootstrap"], **{**TIMINGS, **env["timings"]})
+    return Singleton(SingletonConfig(neli=neli, namespace=env["namespace"], deployment=deployment,
                                      ledger_topic=env["ledger_topic"], acquire_timeout=60.0,
                                      handoff_timeout=30.0))
 

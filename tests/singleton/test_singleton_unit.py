@@ -88,7 +88,7 @@ def make(deployment: str, coordinator: Coordinator, ledger: MemoryLedger,
     settings: dict[str, object] = {"handoff_timeout": 60.0, "acquire_timeout": 0.5}
     settings.update(overrides)
     config = SingletonConfig(
-        neli=NeliConfig(bootstrap_servers="unused:9092", group_id="acme"),
+        neli=NeliConfig(bootstrap_servers="unused:9092"), namespace="acme",
         deployment=deployment, **settings,  # type: ignore[arg-type]
     )
     return Singleton(config, ledger=ledger, neli_factory=coordinator, wall_clock=wall_clock)
@@ -407,7 +407,7 @@ def test_execute_without_leadership_raises_acquire_timeout(world) -> None:
 
 
 def test_role_groups_are_namespaced_and_share_the_leader_topic() -> None:
-    config = SingletonConfig(neli=NeliConfig(bootstrap_servers="k:9092", group_id="acme"),
+    config = SingletonConfig(neli=NeliConfig(bootstrap_servers="k:9092"), namespace="acme",
                              deployment="us-east-1")
     a, b = config.role_neli("billing"), config.role_neli("daily_flights")
     assert (a.resolved.group_id, b.resolved.group_id) == ("acme.billing", "acme.daily_flights")

@@ -35,8 +35,8 @@ TIMINGS = {"profile": "fast", "session_timeout": 6.0, "heartbeat_timeout": 2.0,
 
 def config(args: dict) -> SingletonConfig:  # type: ignore[type-arg]
     timings = {**TIMINGS, **args.get("timings", {})}
-    neli = NeliConfig(bootstrap_servers=args["bootstrap"], group_id=args["namespace"], **timings)
-    return SingletonConfig(neli=neli, deployment=args["deployment"],
+    neli = NeliConfig(bootstrap_servers=args["bootstrap"], **timings)
+    return SingletonConfig(neli=neli, namespace=args["namespace"], deployment=args["deployment"],
                            ledger_topic=args["ledger_topic"],
                            acquire_timeout=args.get("acquire_timeout", 30.0),
                            handoff_timeout=30.0)
