@@ -9,11 +9,12 @@ fakes through :class:`KafkaClients`; production uses :class:`ConfluentKafka`.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.errors import KafkaUnavailableError, SessionTimeoutRejectedError
 
 if TYPE_CHECKING:
     from neli_orchestrate.core.config import ResolvedConfig
@@ -160,6 +161,11 @@ class LeaderTopicAdmin(Protocol):
         """Set dynamic group settings (KIP-848 groups). Raises KafkaUnavailableError."""
         ...
 
+    def broker_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        """The settings of a broker of the cluster (group protocol and limits), or None if they
+        cannot be read (not allowed, or an old broker)."""
+        ...
+
     def group_config(self, group_id: str, timeout: float) -> Mapping[str, str] | None:
         """Return the group's dynamic settings, or None if they cannot be read."""
         ...
@@ -196,7 +202,9 @@ def _common(r: ResolvedConfig) -> dict[str, Any]:
 
 
 def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
-    """The consumer's librdkafka settings for a resolved config."""
+    """The consumer's librdkafka settings for a resolved config (group protocol chosen)."""
+    if r.group_protocol not in ("classic", "consumer"):
+        raise ValueError("choose the group protocol first (topic.resolve_protocol)")
     settings = _common(r)
     settings.update({
         "group.id": r.group_id,
@@ -255,6 +263,12 @@ def _error_name(err: Any) -> str:
         return str(err.name())
     except Exception:  # noqa: BLE001 - any object describing an error will do
         return str(err)
+
+
+def _code(exc: BaseException) -> str:
+    """The Kafka error name inside a KafkaException ("" if there is none)."""
+    args = getattr(exc, "args", ())
+    return _error_name(args[0]) if args and hasattr(args[0], "name") else ""
 
 
 class _ConfluentConsumer:
@@ -480,6 +494,15 @@ class _ConfluentAdmin:
             futures = self._admin.incremental_alter_configs([resource], request_timeout=timeout)
             next(iter(futures.values())).result(timeout=timeout + 5)
         except Exception as exc:  # noqa: BLE001
+            if _code(exc) in ("INVALID_CONFIG", "INVALID_REQUEST"):
+                # The broker validated and refused the values (outside its group.consumer.*
+                # limits): a setup fault that no wait or retry cures.
+                raise SessionTimeoutRejectedError(
+                    f"the broker refuses {dict(settings)} for consumer group {group_id!r}: "
+                    f"{exc}; choose a session timeout and group heartbeat within the broker's "
+                    f"group.consumer.min/max.session.timeout.ms and "
+                    f"group.consumer.min/max.heartbeat.interval.ms"
+                ) from exc
             raise KafkaUnavailableError(
                 f"setting {dict(settings)} on consumer group {group_id!r} failed: {exc}"
             ) from exc
@@ -488,6 +511,31 @@ class _ConfluentAdmin:
         from confluent_kafka.admin import ResourceType
 
         return self._describe(ResourceType.GROUP, group_id, timeout)
+
+    # Broker settings are static for a process's life in practice: read once per cluster.
+    _broker_configs: dict[str, Mapping[str, str]] = {}
+    _broker_lock = threading.Lock()
+
+    def broker_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        from confluent_kafka.admin import ResourceType
+
+        key = str(self._servers)
+        with self._broker_lock:
+            known = self._broker_configs.get(key)
+        if known is not None:
+            return known
+        try:
+            brokers = sorted(self._admin.list_topics(topic=topic, timeout=timeout).brokers)
+        except Exception:  # noqa: BLE001 - the topic checks report an unreachable cluster
+            log.debug("listing the brokers failed", exc_info=True)
+            return None
+        if not brokers:
+            return None
+        settings = self._describe(ResourceType.BROKER, str(brokers[0]), timeout)
+        if settings is not None:
+            with self._broker_lock:
+                self._broker_configs[key] = settings
+        return settings
 
     def close(self) -> None:
         # AdminClient has no close(); dropping the reference destroys the handle

@@ -58,8 +58,13 @@ from neli_orchestrate.core.kafka import (
 from neli_orchestrate.core.pulser import Pulser
 from neli_orchestrate.core.roles import Role
 from neli_orchestrate.core.state import LeadershipState
-from neli_orchestrate.core.topic import prepare_group, prepare_leader_topic
-from neli_orchestrate.errors import ConfigError, KafkaUnavailableError, NeliError
+from neli_orchestrate.core.topic import prepare_group, prepare_leader_topic, resolve_protocol
+from neli_orchestrate.errors import (
+    ConfigError,
+    KafkaUnavailableError,
+    NeliError,
+    SessionTimeoutRejectedError,
+)
 
 __all__ = ["FastNeliState", "Neli", "NeliLike"]
 
@@ -215,6 +220,7 @@ class Neli:
             ) from exc
         try:
             self._partitions = prepare_leader_topic(admin, r)
+            r = self._r = resolve_protocol(admin.broker_config(r.topic, r.request_timeout), r)
             prepare_group(admin, r)
         finally:
             admin.close()
@@ -474,6 +480,13 @@ class Neli:
             log.error("member %s did not pulse within max_poll_interval=%g s and left the "
                       "group: fencing every role", self._member_id, self._r.max_poll_interval)
             self._emit(self._state.lose_all(now, wall, REASON_MAX_POLL))
+        elif result.code == "INVALID_SESSION_TIMEOUT":
+            # The broker refuses our session on every join: the member would never lead, and
+            # callers would wait as if someone else did. Fail now, saying what to change.
+            self._fail(SessionTimeoutRejectedError(
+                f"the broker refuses session_timeout={self._r.session_timeout:g} s for group "
+                f"{self._r.group_id!r} ({result.message}); choose one within the broker's "
+                f"group.min.session.timeout.ms and group.max.session.timeout.ms"))
         elif result.fatal:
             self._fail(KafkaUnavailableError(
                 f"fatal Kafka error in member {self._member_id}: {result.code}: "
