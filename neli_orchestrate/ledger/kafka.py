@@ -364,6 +364,10 @@ class KafkaLedger:
                             if error.code() == ck.KafkaError._PARTITION_EOF:
                                 eof = max(eof, message.offset())
                                 continue
+                            if error.code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED:
+                                # librdkafka looks up the coordinator of the (never joined)
+                                # replay group; the assigned partitions fetch without it.
+                                continue
                             if (error.retriable() or error.code() in _transient_codes()) and (
                                 not error.fatal()
                             ):

@@ -4,7 +4,7 @@ Usage::
 
     with SecuredLocalKafka() as kafka:
         alice = kafka.add_user("alice")            # librdkafka settings of principal User:alice
-        kafka.grant(project_acls("User:alice", Namespace("prod")))
+        kafka.grant(required_acls(config, "User:alice"))
         Producer({**alice, "transactional.id": "..."})
 
 Clients reach the broker on one ``SASL_PLAINTEXT`` listener with ``SCRAM-SHA-512``. The super
@@ -23,67 +23,18 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from neli_orchestrate.acls import Acl
 from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
 
-__all__ = ["Acl", "SecuredLocalKafka", "SCRAM_MECHANISM"]
+__all__ = ["SecuredLocalKafka", "SCRAM_MECHANISM"]
 
 log = logging.getLogger(__name__)
 
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 _LISTENER = "SASL_PLAINTEXT"
 _AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
-
-
-@dataclass(frozen=True)
-class Acl:
-    """One ALLOW rule: ``principal`` may do ``operation`` on a resource.
-
-    ``resource_type`` is ``topic``, ``group``, ``transactional_id`` or ``cluster``;
-    ``pattern`` is ``literal`` or ``prefixed``. Written the way ``kafka-acls`` takes it.
-    """
-
-    principal: str
-    operation: str
-    resource_type: str
-    name: str
-    pattern: str = "literal"
-
-    def binding(self) -> Any:
-        """This rule as a ``confluent_kafka.admin.AclBinding``."""
-        from confluent_kafka.admin import (
-            AclBinding,
-            AclOperation,
-            AclPermissionType,
-            ResourcePatternType,
-            ResourceType,
-        )
-
-        # confluent-kafka calls Kafka's CLUSTER resource type BROKER
-        rtype = "BROKER" if self.resource_type == "cluster" else self.resource_type.upper()
-        return AclBinding(
-            ResourceType[rtype], self.name, ResourcePatternType[self.pattern.upper()],
-            self.principal, "*", AclOperation[self.operation.upper()],
-            AclPermissionType.ALLOW,
-        )
-
-    def kafka_acls_args(self) -> list[str]:
-        """The ``kafka-acls --add`` arguments that grant this rule."""
-        flag = {"topic": "--topic", "group": "--group",
-                "transactional_id": "--transactional-id", "cluster": "--cluster"}
-        args = ["--allow-principal", self.principal,
-                "--operation", self.operation.title().replace("_", "")]
-        args += [flag[self.resource_type]] if self.resource_type == "cluster" else \
-            [flag[self.resource_type], self.name]
-        if self.pattern == "prefixed":
-            args += ["--resource-pattern-type", "prefixed"]
-        return args
-
-    def __str__(self) -> str:
-        where = f"{self.resource_type}:{self.name}" + ("*" if self.pattern == "prefixed" else "")
-        return f"{self.principal} {self.operation.upper()} {where}"
 
 
 class SecuredLocalKafka(LocalKafka):
