@@ -95,28 +95,28 @@ def required_acls(config: SingletonConfig, principal: str, *,
     def acl(op: str, rtype: str, name: str, pattern: str = "literal", why: str = "") -> Acl:
         return Acl(principal, op, rtype, name, pattern, why)
 
+    # Kafka lets READ, WRITE and ALTER imply DESCRIBE, and ALTER_CONFIGS imply
+    # DESCRIBE_CONFIGS: the list holds no rule that another one already grants.
     rules = [
         acl("read", "group", groups, "prefixed",
-            "join the role's consumer group (leadership) and commit its offsets"),
-        acl("describe", "group", groups, "prefixed",
-            "count the role's members before contending (Singleton.role_members)"),
-        acl("alter_configs", "group", groups, "prefixed",
-            "set the KIP-848 group's session timeout and heartbeat interval"),
-        acl("describe_configs", "group", groups, "prefixed",
-            "read back the group's session timeout to check it against the lease"),
-        acl("describe", "topic", leader, why="read the leader topic's partition count"),
+            "join the role's consumer group, commit its offsets, count its members"),
+    ]
+    if config.neli.resolved.group_protocol == "consumer":
+        if config.neli.resolved.apply_group_config:
+            rules.append(acl("alter_configs", "group", groups, "prefixed",
+                             "set the KIP-848 group's session timeout and heartbeat interval"))
+        else:
+            rules.append(acl("describe_configs", "group", groups, "prefixed",
+                             "read the KIP-848 group's session timeout to check the lease"))
+    rules += [
         acl("read", "topic", leader, why="consume heartbeats"),
         acl("write", "topic", leader, why="produce heartbeats"),
-        acl("describe", "topic", ledger.topic,
-            why="ledger partition count and high watermark"),
         acl("read", "topic", ledger.topic, why="replay the ledger"),
         acl("write", "topic", ledger.topic, why="write claims and outcomes"),
         acl("describe_configs", "topic", ledger.topic,
-            why="verify the ledger's cleanup.policy=compact"),
+            why="verify the ledger's cleanup.policy=compact (without it: a warning)"),
         acl("write", "transactional_id", ledger.prefix, "prefixed",
-            why="init_transactions: fence earlier leaders of the role"),
-        acl("describe", "transactional_id", ledger.prefix, "prefixed",
-            why="find the transaction coordinator"),
+            why="init_transactions: fence earlier leaders of the role, write the ledger"),
     ]
     if create_topics:
         rules += [
