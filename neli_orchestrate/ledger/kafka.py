@@ -258,7 +258,8 @@ class KafkaLedger:
                 raise AuthorizationError(
                     f"not allowed to create ledger topic {self.config.topic!r} ({exc}); grant"
                     f" CREATE on it, or create it yourself with cleanup.policy=compact and"
-                    f" {self.config.partitions} partition(s) and set create_topic=False"
+                    f" {self.config.partitions} partition(s) and set create_topic=False;"
+                    " docs/security.md"
                 ) from exc
             if code == ck.KafkaError.POLICY_VIOLATION:
                 raise KafkaUnavailableError(
