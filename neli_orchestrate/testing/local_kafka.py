@@ -300,7 +300,8 @@ class LocalKafka:
     def _format(self, java: str, libs: Path) -> None:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         cmd = self._java_cmd(java, libs, "kafka.tools.StorageTool") + [
-            "format", "-t", cluster_id, "-c", str(self.workdir / "server.properties"),
+            # "=": a random id may start with "-", which the argument parser takes for an option
+            "format", f"--cluster-id={cluster_id}", "-c", str(self.workdir / "server.properties"),
             "--standalone", *self._format_args(),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
