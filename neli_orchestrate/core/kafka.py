@@ -8,12 +8,18 @@ fakes through :class:`KafkaClients`; production uses :class:`ConfluentKafka`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from neli_orchestrate.errors import AuthorizationError, KafkaUnavailableError, NeliError
+from neli_orchestrate.errors import (
+    AuthorizationError,
+    KafkaUnavailableError,
+    NeliError,
+    PermanentKafkaError,
+)
 
 if TYPE_CHECKING:
     from neli_orchestrate.core.config import ResolvedConfig
@@ -420,13 +426,28 @@ class _ConfluentAdmin:
         from confluent_kafka.admin import AdminClient
 
         self._servers = settings.get("bootstrap.servers")
-        self._admin = AdminClient(dict(settings))
+        self._auth_error: str | None = None
+        conf = dict(settings)
+        conf.setdefault("error_cb", self._on_error)
+        self._admin = AdminClient(conf)
+
+    def _on_error(self, err: Any) -> None:
+        # A rejected login shows up only here; the failed request itself says _TRANSPORT.
+        if _error_name(err) in ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"):
+            self._auth_error = str(err.str())
 
     def _unavailable(self, what: str, exc: BaseException, fix: str = "") -> NeliError:
         code = ""
         args = getattr(exc, "args", ())
         if args and hasattr(args[0], "name"):
             code = _error_name(args[0])
+        with contextlib.suppress(Exception):
+            self._admin.poll(0)  # serve error_cb: was the login refused?
+        if self._auth_error is not None:
+            return PermanentKafkaError(
+                f"{what} failed: the cluster at {self._servers!r} refused this client's "
+                f"credentials ({self._auth_error}); check sasl.username, sasl.password, "
+                f"sasl.mechanism and security.protocol")
         if authorization_denied(code):
             return AuthorizationError(
                 f"{what} was denied by the broker ({code}): {fix or 'grant the ACL it needs'};"

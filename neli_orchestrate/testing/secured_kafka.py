@@ -7,7 +7,10 @@ Usage::
         kafka.grant(required_acls(config, "User:alice"))
         Producer({**alice, "transactional.id": "..."})
 
-Clients reach the broker on one ``SASL_PLAINTEXT`` listener with ``SCRAM-SHA-512``. The super
+Clients reach the broker on one ``SASL_PLAINTEXT`` listener with ``SCRAM-SHA-512``, or
+``SASL_SSL`` with ``tls=True``: the broker's certificate (for ``127.0.0.1`` and ``localhost``)
+is signed by a CA generated per broker with ``openssl``; :attr:`ca_location` is its PEM file,
+which every client's settings name as ``ssl.ca.location``. The super
 user (``admin``, password random per broker) is created when the storage is formatted and is
 what :meth:`client_settings` returns: the test harness, never a deployment. Every other
 principal is an ordinary user: it may do exactly what its ACLs allow
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import secrets
+import shutil
+import subprocess
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,7 +38,6 @@ __all__ = ["SecuredLocalKafka", "SCRAM_MECHANISM"]
 log = logging.getLogger(__name__)
 
 SCRAM_MECHANISM = "SCRAM-SHA-512"
-_LISTENER = "SASL_PLAINTEXT"
 _AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
@@ -42,14 +46,17 @@ class SecuredLocalKafka(LocalKafka):
 
     :param admin_user: the super user the harness connects as.
     :param admin_password: its password (random unless given).
+    :param tls: serve ``SASL_SSL`` with a generated CA instead of ``SASL_PLAINTEXT``.
 
     :meth:`add_user` creates SCRAM principals, :meth:`grant` and :meth:`revoke` manage their
     ACLs; both return only once the broker enforces the change.
     """
 
     def __init__(self, *, admin_user: str = "admin", admin_password: str | None = None,
-                 **kwargs: Any) -> None:
+                 tls: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.tls = tls
+        self.protocol = "SASL_SSL" if tls else "SASL_PLAINTEXT"
         self.admin_user = admin_user
         self._admin_password = admin_password or secrets.token_urlsafe(16)
         self._admin_client: Any = None
@@ -62,13 +69,21 @@ class SecuredLocalKafka(LocalKafka):
 
     def settings_for(self, user: str, password: str) -> dict[str, Any]:
         """librdkafka settings with which ``user`` authenticates to this broker."""
-        return {
+        settings = {
             "bootstrap.servers": self.bootstrap_servers,
-            "security.protocol": _LISTENER,
+            "security.protocol": self.protocol,
             "sasl.mechanism": SCRAM_MECHANISM,
             "sasl.username": user,
             "sasl.password": password,
         }
+        if self.tls:
+            settings["ssl.ca.location"] = str(self.ca_location)
+        return settings
+
+    @property
+    def ca_location(self) -> Any:
+        """The PEM file of the CA that signed the broker's certificate (``tls=True``)."""
+        return self.workdir / "tls" / "ca.pem"
 
     def admin(self) -> Any:
         """A super-user ``AdminClient`` (shared, created on first use)."""
@@ -149,20 +164,58 @@ class SecuredLocalKafka(LocalKafka):
 
     def _security_properties(self) -> dict[str, str]:
         assert self.port is not None and self.controller_port is not None
+        listener = self.protocol
         jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required '
                 f'username="{self.admin_user}" password="{self._admin_password}";')
         return {
-            "listeners": f"{_LISTENER}://127.0.0.1:{self.port},"
+            "listeners": f"{listener}://127.0.0.1:{self.port},"
                          f"CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"{_LISTENER}://127.0.0.1:{self.port}",
-            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{_LISTENER}:{_LISTENER}",
-            "inter.broker.listener.name": _LISTENER,
+            "advertised.listeners": f"{listener}://127.0.0.1:{self.port}",
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
+            "inter.broker.listener.name": listener,
             "sasl.enabled.mechanisms": SCRAM_MECHANISM,
             "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
-            f"listener.name.{_LISTENER.lower()}.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": jaas,
+            f"listener.name.{listener.lower()}.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": jaas,
             "authorizer.class.name": _AUTHORIZER,
             "super.users": f"User:{self.admin_user};User:ANONYMOUS",
             "allow.everyone.if.no.acl.found": "false",
+            **(self._tls_properties() if self.tls else {}),
+        }
+
+    def _tls_properties(self) -> dict[str, str]:
+        """Generate a CA and a broker certificate (once per broker); PEM stores for Kafka."""
+        tls = self.workdir / "tls"
+        key_password = self._admin_password  # protects the broker's key file only
+        if not (tls / "broker.pem").exists():
+            tls.mkdir(parents=True, exist_ok=True)
+            openssl = shutil.which("openssl")
+            if openssl is None:
+                raise LocalKafkaError("tls=True needs the `openssl` command to generate a CA")
+            (tls / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+            steps = [
+                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+                 "-out", "ca.pem", "-days", "2", "-subj", "/CN=neli-test-ca"],
+                ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "broker.key",
+                 "-out", "broker.csr", "-subj", "/CN=localhost"],
+                ["x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", "broker.crt", "-days", "2",
+                 "-extfile", "san.ext"],
+                ["pkcs8", "-topk8", "-v2", "aes-256-cbc", "-in", "broker.key",
+                 "-out", "broker.enc.key", "-passout", "env:NELI_TLS_KEY_PASSWORD"],
+            ]
+            for step in steps:
+                proc = subprocess.run([openssl, *step], cwd=tls, capture_output=True, text=True,
+                                      env={"NELI_TLS_KEY_PASSWORD": key_password}, timeout=60)
+                if proc.returncode != 0:
+                    raise LocalKafkaError(f"openssl {step[0]} failed: {proc.stderr[-2000:]}")
+            (tls / "broker.pem").write_text((tls / "broker.enc.key").read_text()
+                                            + (tls / "broker.crt").read_text())
+        return {
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(tls / "broker.pem"),
+            "ssl.key.password": key_password,
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(tls / "ca.pem"),
         }
 
     def _format_args(self) -> list[str]:

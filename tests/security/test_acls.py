@@ -19,7 +19,7 @@ import pytest
 
 from neli_orchestrate import NeliConfig, Outcome, Singleton, SingletonConfig
 from neli_orchestrate.acls import Acl, required_acls
-from neli_orchestrate.errors import AuthorizationError
+from neli_orchestrate.errors import AuthorizationError, PermanentKafkaError
 from neli_orchestrate.ledger import RunState
 
 pytestmark = pytest.mark.kafka
@@ -188,3 +188,34 @@ def test_classic_groups_need_no_group_config_acl(
     secured_kafka.grant(acls)
     with Singleton(config) as singleton:
         assert len(whole_flow(singleton)) == 2
+
+
+def test_a_denied_classic_group_fails_at_once_too(
+        secured_kafka, principal, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.INFO)
+    config = config_for(principal, protocol="classic")
+    acls = required_acls(config, user_of(principal))
+    secured_kafka.grant([a for a in acls if a.resource_type != "group"])
+    started = time.monotonic()
+    with Singleton(config) as singleton, pytest.raises(AuthorizationError, match="READ") as denied:
+        singleton.reserve("export", "2013-01-01")
+    assert time.monotonic() - started < ACQUIRE_TIMEOUT / 2
+    assert config.role_neli("export").resolved.group_id in str(denied.value)
+    assert not any("another member leads" in r.getMessage() for r in caplog.records)
+
+
+def test_a_wrong_password_is_a_permanent_error_that_does_not_echo_it(
+        secured_kafka, principal, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.DEBUG)
+    wrong = password()
+    config = config_for({**principal, "sasl.password": wrong})
+    secured_kafka.grant(required_acls(config, user_of(principal)))
+    started = time.monotonic()
+    with Singleton(config) as singleton, pytest.raises(PermanentKafkaError) as refused:
+        singleton.reserve("export", "2013-01-01")
+    assert time.monotonic() - started < ACQUIRE_TIMEOUT / 2
+    message = str(refused.value)
+    assert "sasl.username" in message and "sasl.password" in message, message
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert_no_secret(wrong, message, logged)
+    assert_no_secret(principal["sasl.password"], message, logged)
