@@ -77,8 +77,7 @@ class Acl:
 
 def _group_prefix(config: SingletonConfig) -> str:
     # Every role's group starts with the same prefix; take it from the one derivation.
-    return os.path.commonprefix([config.role_neli("a").resolved.group_id,
-                                 config.role_neli("b").resolved.group_id])
+    return os.path.commonprefix([config.names.group_id("a"), config.names.group_id("b")])
 
 
 def required_acls(config: SingletonConfig, principal: str, *,
@@ -89,7 +88,7 @@ def required_acls(config: SingletonConfig, principal: str, *,
     where an administrator creates them (then set ``NeliConfig.create_topic=False``).
     """
     groups = _group_prefix(config)
-    leader = config.neli.resolved.topic
+    leader = config.names.leader_topic
     ledger = config.ledger_config()
 
     def acl(op: str, rtype: str, name: str, pattern: str = "literal", why: str = "") -> Acl:

@@ -45,10 +45,10 @@ def config_for(settings: dict[str, Any], *, protocol: str = "consumer",
                **singleton: Any) -> SingletonConfig:
     namespace = f"s{uuid.uuid4().hex[:8]}"
     kafka_config = {k: v for k, v in settings.items() if k != "bootstrap.servers"}
-    neli = NeliConfig(bootstrap_servers=settings["bootstrap.servers"], group_id=namespace,
+    neli = NeliConfig(bootstrap_servers=settings["bootstrap.servers"],
                       kafka_config=kafka_config, group_protocol=protocol, **TIMINGS)
     singleton.setdefault("acquire_timeout", ACQUIRE_TIMEOUT)
-    return SingletonConfig(neli=neli, deployment="us-east-1", ledger_topic=f"{namespace}.ledger",
+    return SingletonConfig(neli=neli, deployment="us-east-1", namespace=namespace,
                            handoff_timeout=60.0, **singleton)
 
 
@@ -115,7 +115,7 @@ def _rule_cases() -> list[Any]:
 
 def _pick(acls: list[Acl], operation: str, rtype: str, which: str,
           config: SingletonConfig) -> Acl:
-    names = {"leader": config.neli.resolved.topic, "ledger": config.ledger_config().topic}
+    names = {"leader": config.names.leader_topic, "ledger": config.names.ledger_topic}
     found = [a for a in acls if a.operation == operation and a.resource_type == rtype
              and (rtype != "topic" or a.name == names[which])]
     assert len(found) == 1, (operation, rtype, which, acls)

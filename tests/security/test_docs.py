@@ -13,9 +13,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 
 def test_the_kafka_acls_commands_in_the_docs_are_what_required_acls_gives() -> None:
     config = SingletonConfig(
-        neli=NeliConfig(bootstrap_servers="broker:9093", group_id="acme",
-                        group_protocol="consumer"),
-        deployment="us-east-1", ledger_topic="acme.ledger")
+        neli=NeliConfig(bootstrap_servers="broker:9093", group_protocol="consumer"),
+        deployment="us-east-1", namespace="acme")
     principal = "User:airflow-us-east-1"
     expected = [" ".join(acl.kafka_acls_args()).replace(f"--allow-principal {principal} ", "")
                 for acl in required_acls(config, principal)]
