@@ -8,13 +8,20 @@ fakes through :class:`KafkaClients`; production uses :class:`ConfluentKafka`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from neli_orchestrate.errors import KafkaUnavailableError, SessionTimeoutRejectedError
+from neli_orchestrate.errors import (
+    AuthorizationError,
+    KafkaUnavailableError,
+    NeliError,
+    PermanentKafkaError,
+    SessionTimeoutRejectedError,
+)
 
 if TYPE_CHECKING:
     from neli_orchestrate.core.config import ResolvedConfig
@@ -33,6 +40,8 @@ __all__ = [
     "RebalanceListener",
     "Record",
     "admin_settings",
+    "authorization_denied",
+    "is_authorization_error",
     "consumer_settings",
     "producer_settings",
 ]
@@ -181,6 +190,29 @@ class KafkaClients(Protocol):
     def consumer(self, settings: Mapping[str, Any], topic: str) -> GroupConsumer: ...
 
     def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer: ...
+
+
+# -- denied ACLs ---------------------------------------------------------------------------------
+
+def authorization_denied(code: str, message: str = "") -> bool:
+    """True if a client error (code name, text) means the broker denied an ACL.
+
+    Waiting never fixes that, so callers raise :class:`AuthorizationError` at once instead of
+    treating it as "Kafka unavailable". librdkafka reports a consumer group it may not join as
+    a fatal error (code ``_FATAL``) whose text names the cause.
+    """
+    return code.endswith("_AUTHORIZATION_FAILED") or (
+        code == "_FATAL" and "authorization failed" in message.lower())
+
+
+def is_authorization_error(error: object) -> bool:
+    """:func:`authorization_denied` for a ``KafkaException`` or ``KafkaError`` object."""
+    if isinstance(error, BaseException):
+        args = getattr(error, "args", ())
+        error = args[0] if args else None
+    if error is None or not hasattr(error, "name"):
+        return False
+    return authorization_denied(_error_name(error), str(getattr(error, "str", str)()))
 
 
 # -- librdkafka settings -------------------------------------------------------------------------
@@ -337,8 +369,9 @@ class _ConfluentConsumer:
             return None
         err = msg.error()
         if err is not None:
-            return ConsumerFault(code=_error_name(err), message=str(err.str()),
-                                 fatal=bool(err.fatal()))
+            code = _error_name(err)
+            return ConsumerFault(code=code, message=str(err.str()),
+                                 fatal=bool(err.fatal()) or code == "_FATAL")
         ts_type, ts = msg.timestamp()
         return Record(
             partition=msg.partition(), offset=msg.offset(), key=msg.key(), value=msg.value(),
@@ -365,6 +398,8 @@ class _ConfluentProducer:
 
     def send(self, partition: int, key: bytes, value: bytes,
              on_delivery: DeliveryCallback | None = None) -> None:
+        from confluent_kafka import KafkaException
+
         def delivered(err: Any, msg: Any) -> None:
             if on_delivery is None:
                 return
@@ -381,6 +416,11 @@ class _ConfluentProducer:
             # will lapse on its own, a lost heartbeat changes nothing
             if on_delivery is not None:
                 on_delivery(None, "_QUEUE_FULL")
+        except KafkaException as exc:
+            # refused before sending, e.g. TOPIC_AUTHORIZATION_FAILED from cached metadata
+            if on_delivery is None:
+                raise
+            on_delivery(None, _error_name(exc.args[0]) if exc.args else repr(exc))
 
     def poll(self, timeout: float) -> None:
         self._producer.poll(timeout)
@@ -401,13 +441,32 @@ class _ConfluentAdmin:
         from confluent_kafka.admin import AdminClient
 
         self._servers = settings.get("bootstrap.servers")
-        self._admin = AdminClient(dict(settings))
+        self._auth_error: str | None = None
+        conf = dict(settings)
+        conf.setdefault("error_cb", self._on_error)
+        self._admin = AdminClient(conf)
 
-    def _unavailable(self, what: str, exc: BaseException) -> KafkaUnavailableError:
+    def _on_error(self, err: Any) -> None:
+        # A rejected login shows up only here; the failed request itself says _TRANSPORT.
+        if _error_name(err) in ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"):
+            self._auth_error = str(err.str())
+
+    def _unavailable(self, what: str, exc: BaseException, fix: str = "") -> NeliError:
         code = ""
         args = getattr(exc, "args", ())
         if args and hasattr(args[0], "name"):
             code = _error_name(args[0])
+        with contextlib.suppress(Exception):
+            self._admin.poll(0)  # serve error_cb: was the login refused?
+        if self._auth_error is not None:
+            return PermanentKafkaError(
+                f"{what} failed: the cluster at {self._servers!r} refused this client's "
+                f"credentials ({self._auth_error}); check sasl.username, sasl.password, "
+                f"sasl.mechanism and security.protocol")
+        if authorization_denied(code):
+            return AuthorizationError(
+                f"{what} was denied by the broker ({code}): {fix or 'grant the ACL it needs'};"
+                f" docs/security.md lists every ACL a member needs")
         if code in ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE", ""):
             hint = (f"is the cluster at bootstrap.servers={self._servers!r} running and "
                     f"reachable (listeners, DNS, firewall, security settings)?")
@@ -431,6 +490,11 @@ class _ConfluentAdmin:
             if meta.error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
                                      KafkaError._UNKNOWN_TOPIC):
                 return None
+            if meta.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                raise AuthorizationError(
+                    f"the broker denied describing topic {topic!r} "
+                    f"(TOPIC_AUTHORIZATION_FAILED): grant the member's principal READ and "
+                    f"WRITE on it (they imply DESCRIBE); docs/security.md lists every ACL")
             raise KafkaUnavailableError(
                 f"the cluster at {self._servers!r} refused to describe topic {topic!r}: "
                 f"{meta.error.str()}"
@@ -454,7 +518,9 @@ class _ConfluentAdmin:
                     err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 return
             raise self._unavailable(
-                f"creating leader topic {topic!r} with {partitions} partition(s)", exc
+                f"creating leader topic {topic!r} with {partitions} partition(s)", exc,
+                f"grant CREATE on topic {topic!r}, or create it with {partitions} partition(s)"
+                f" and set NeliConfig.create_topic=False",
             ) from exc
         except Exception as exc:  # noqa: BLE001 - e.g. a future timeout
             raise KafkaUnavailableError(
@@ -494,6 +560,13 @@ class _ConfluentAdmin:
             futures = self._admin.incremental_alter_configs([resource], request_timeout=timeout)
             next(iter(futures.values())).result(timeout=timeout + 5)
         except Exception as exc:  # noqa: BLE001
+            error = self._unavailable(
+                f"setting {dict(settings)} on consumer group {group_id!r}", exc,
+                f"grant ALTER_CONFIGS on group {group_id!r}, or set the group's "
+                f"{', '.join(settings)} with kafka-configs --entity-type groups and set "
+                f"NeliConfig.apply_group_config=False")
+            if isinstance(error, AuthorizationError):
+                raise error from exc
             if _code(exc) in ("INVALID_CONFIG", "INVALID_REQUEST"):
                 # The broker validated and refused the values (outside its group.consumer.*
                 # limits): a setup fault that no wait or retry cures.
