@@ -76,10 +76,13 @@ log = logging.getLogger(__name__)
 _MAX_POLL_SLICE = 0.1   # close() waits at most this long for a pulse in progress
 _DRAIN = 500            # records handled per poll before the loop re-evaluates
 _MAX_PENDING = 1024     # own heartbeats awaiting read-back, per partition
-# After a release hint: nudge at once, and once more if no assignment came (the hint can
-# overtake the departing leader's LeaveGroup, and a KIP-848 heartbeat that arrives first
-# brings nothing new).
-_NUDGE_RETRY = 0.25
+# After a release hint: nudge at once, and again after these delays while no assignment has
+# come. The hint is written when the departing leader's revoke barrier has finished, just
+# before its LeaveGroup, so it can overtake the leave: a KIP-848 heartbeat that arrives first
+# brings nothing new (retry soon); a classic rejoin starts a rebalance that the leave then
+# completes (one retry, late, in case the rejoin itself was lost).
+_NUDGE_RETRIES = {"consumer": (0.03, 0.1, 0.25), "classic": (0.25,)}
+_NUDGE_RETRY = 0.25   # the last retry of either protocol
 _HINT_FLUSH = 0.5       # how long close() waits for its release hints to be written
 
 
@@ -219,6 +222,8 @@ class Neli:
         self._watched: tuple[int, ...] = ()
         self._seen: dict[int, float] = {}      # watched partition -> when a record was read
         self._retry_nudge: float | None = None
+        self._nudge_plan: list[float] = []
+        self._hinted: set[int] = set()          # partitions whose release hint is written
 
         clients: KafkaClients = kafka if kafka is not None else ConfluentKafka()
         try:
@@ -453,8 +458,14 @@ class Neli:
                 log.warning("closing the consumer of member %s failed", self._member_id,
                             exc_info=True)
             finally:
-                if left and held and self._r.release_hints:
-                    self._write_release_hints(held)
+                rest = [p for p in held if p not in self._hinted]
+                if left and rest and self._r.release_hints:
+                    self._write_release_hints(rest)
+                if self._hinted and self._producer is not None:
+                    try:
+                        self._producer.flush(min(_HINT_FLUSH, self._r.request_timeout))
+                    except Exception:  # noqa: BLE001 - a lost hint only slows a hand-over
+                        log.debug("flushing release hints failed", exc_info=True)
                 self._emit(self._state.close(self._clock.monotonic(), self._clock.time()))
                 self._release_clients(consumer_closed=True)
                 self._closed.set()
@@ -473,14 +484,17 @@ class Neli:
                 f"topic={self._r.topic!r}, {state})")
 
     def _write_release_hints(self, partitions: Sequence[int]) -> None:
-        """After leaving the group: tell followers watching ``partitions`` to ask for them now."""
+        """Tell followers watching ``partitions`` to ask the coordinator for them now.
+
+        Queued, not awaited: ``close()`` flushes once the member has left the group.
+        """
         if self._producer is None:
             return
         key, value = ReleaseHint(member=self._member_id, sent_wall=self._clock.time()).encode()
         try:
             for p in partitions:
                 self._producer.send(p, key, value)
-            self._producer.flush(min(_HINT_FLUSH, self._r.request_timeout))
+                self._hinted.add(p)
         except Exception:  # noqa: BLE001 - a lost hint only slows the hand-over down
             log.debug("release hint of member %s not written", self._member_id, exc_info=True)
         log.debug("member %s wrote release hints to partition(s) %s", self._member_id,
@@ -535,6 +549,7 @@ class Neli:
         self._seen = {p: t for p, t in self._seen.items() if p in watched}
         if not watched:
             self._retry_nudge = None
+            self._nudge_plan = []
         try:
             self._watcher.watch(watched)
         except Exception as exc:  # noqa: BLE001 - without hints hand-overs are only slower
@@ -582,11 +597,12 @@ class Neli:
                   hint.member, partition)
         self._seen.pop(partition, None)   # the leader is gone: the group comes first now
         self._nudge(now)
-        self._retry_nudge = now + _NUDGE_RETRY
+        self._nudge_plan = [now + d for d in _NUDGE_RETRIES[self._r.group_protocol]]
+        self._retry_nudge = self._nudge_plan.pop(0)
 
     def _nudge_if_due(self, now: float) -> None:
         if self._retry_nudge is not None and now >= self._retry_nudge:
-            self._retry_nudge = None
+            self._retry_nudge = self._nudge_plan.pop(0) if self._nudge_plan else None
             if self._watched:
                 self._nudge(now)
 
@@ -790,6 +806,10 @@ class Neli:
                                                     closing=self._closing.is_set()))
         if not self._closing.is_set():
             self._rewatch()
+        elif self._r.release_hints:
+            # Closing: the barrier is done and LeaveGroup follows this callback. Hint now, so
+            # followers ask for the partition while the leave is on its way.
+            self._write_release_hints([p for p in partitions if p in self._state.partition_roles])
 
     def _on_lost(self, partitions: Sequence[int]) -> None:
         now, wall = self._clock.monotonic(), self._clock.time()

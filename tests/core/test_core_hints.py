@@ -13,7 +13,7 @@ from core_fakes import FakeClients, FakeCluster
 
 from neli_orchestrate.core import FakeClock, LeaderEvent, Neli, NeliConfig
 from neli_orchestrate.core.heartbeat import ReleaseHint, decode_heartbeat, decode_hint
-from neli_orchestrate.core.neli import _NUDGE_RETRY
+from neli_orchestrate.core.neli import _NUDGE_RETRIES, _NUDGE_RETRY
 
 SETTINGS: dict[str, object] = dict(
     bootstrap_servers="fake:0", group_id="g", session_timeout=1.0, heartbeat_timeout=0.3,
@@ -52,23 +52,30 @@ def consumer_of(cluster: FakeCluster, index: int):  # type: ignore[no-untyped-de
 
 # -- the departing leader ------------------------------------------------------------------------
 
-def test_closing_leader_writes_a_release_hint_only_after_leaving_the_group() -> None:
+def test_closing_leader_writes_a_release_hint_only_after_its_revoke_barrier() -> None:
     cluster = FakeCluster(clock=FakeClock())
-    a, _ = member(cluster, "A")
+    barrier_done: list[str] = []
+
+    def barrier(event: LeaderEvent) -> None:
+        barrier_done.append(type(event).__name__)
+
+    a = Neli(NeliConfig(**{**SETTINGS, "name": "A"}), barrier,  # type: ignore[arg-type]
+             clock=cluster.clock, kafka=FakeClients(cluster))
     cluster.consumer.assign(0)
     assert a.pulse(0.2)
-    consumer, producer = cluster.consumer, cluster.producer
-    left_when_sent: list[bool] = []
+    producer = cluster.producer
+    seen_when_sent: list[list[str]] = []
     send = producer.send
 
     def spy(partition: int, key: bytes, value: bytes, on_delivery=None) -> None:  # type: ignore[no-untyped-def]
         if decode_hint(value) is not None:
-            left_when_sent.append(consumer.closed)
+            seen_when_sent.append(list(barrier_done))
         send(partition, key, value, on_delivery)
 
     producer.send = spy  # type: ignore[method-assign]
     a.close()
-    assert left_when_sent == [True], "one hint, written after LeaveGroup"
+    assert seen_when_sent == [["LeaderAcquired", "LeaderRevoked"]], \
+        "one hint, written once the barrier had finished with the revocation"
     assert [h.member for h in hints_in(cluster)] == [a.member_id]
 
 
@@ -121,15 +128,23 @@ def test_follower_nudges_on_a_hint_and_leads_only_once_assigned() -> None:
     assert b.pulse(0.2), "assigned and own heartbeat read back: now it leads"
 
 
-def test_follower_nudges_once_more_if_no_assignment_follows() -> None:
-    cluster, a, b = pair()
-    consumer_b = consumer_of(cluster, 1)
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_follower_retries_its_nudge_a_few_times_if_no_assignment_follows(protocol: str) -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    a, _ = member(cluster, "A", group_protocol=protocol)
+    consumer_a = cluster.consumer
+    b, _ = member(cluster, "B", group_protocol=protocol)
+    consumer_b = cluster.consumer
+    consumer_a.assign(0)
+    assert a.pulse(0.2)
+    b.pulse(0.05)
     a.close()
-    b.pulse(0.01)
+    b.pulse(0.001)
     assert consumer_b.rejoins == 1
-    b.pulse(_NUDGE_RETRY + 0.05)
-    b.pulse(1.0)
-    assert consumer_b.rejoins == 2 and not b.is_leader
+    for _ in range(20):
+        b.pulse(_NUDGE_RETRY / 5)
+    b.pulse(2.0)
+    assert consumer_b.rejoins == 1 + len(_NUDGE_RETRIES[protocol]) and not b.is_leader
 
 
 def test_a_member_ignores_its_own_hint() -> None:
