@@ -1,8 +1,9 @@
 """The narrow seam between the NELI protocol and Kafka, and its confluent-kafka implementation.
 
 The protocol talks to Kafka only through the small :class:`typing.Protocol` classes here:
-a :class:`GroupConsumer` (subscribe, poll, commit, close), a :class:`HeartbeatProducer`
-(send, poll, flush) and a :class:`LeaderTopicAdmin` (topic and group settings). Tests inject
+a :class:`GroupConsumer` (subscribe, poll, commit, rejoin, close), a :class:`HeartbeatProducer`
+(send, poll, flush), a :class:`LeaderTopicWatcher` (reads partitions outside the group, for
+release hints) and a :class:`LeaderTopicAdmin` (topic and group settings). Tests inject
 fakes through :class:`KafkaClients`; production uses :class:`ConfluentKafka`.
 """
 
@@ -34,6 +35,7 @@ __all__ = [
     "HeartbeatProducer",
     "KafkaClients",
     "LeaderTopicAdmin",
+    "LeaderTopicWatcher",
     "OFFSET_END",
     "OFFSET_STORED",
     "PollResult",
@@ -44,6 +46,7 @@ __all__ = [
     "is_authorization_error",
     "consumer_settings",
     "producer_settings",
+    "watcher_settings",
 ]
 
 log = logging.getLogger(__name__)
@@ -120,9 +123,35 @@ class GroupConsumer(Protocol):
         """Commit ``{partition: offset}`` asynchronously; the result reaches ``on_commit``."""
         ...
 
+    def rejoin(self) -> None:
+        """Ask the group coordinator for this member's assignment now, not at the next heartbeat.
+
+        A nudge only: whatever the coordinator answers arrives through the listener as usual.
+        Called on the polling thread, never from inside a listener callback.
+        """
+        ...
+
     def close(self) -> None:
         """Revoke (``on_revoke``), leave the group at once and release resources."""
         ...
+
+
+class LeaderTopicWatcher(Protocol):
+    """Reads chosen leader-topic partitions from their end, outside the group (no membership).
+
+    Followers use it to see release hints on the partitions of their roles as soon as they are
+    written (a long-poll fetch: the broker answers when a record arrives).
+    """
+
+    def watch(self, partitions: Sequence[int]) -> None:
+        """Read exactly these partitions from now on (from their end); [] stops reading."""
+        ...
+
+    def poll(self, timeout: float) -> PollResult:
+        """Return one record, a fault, or None after ``timeout`` seconds."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class HeartbeatProducer(Protocol):
@@ -191,6 +220,8 @@ class KafkaClients(Protocol):
 
     def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer: ...
 
+    def watcher(self, settings: Mapping[str, Any], topic: str) -> LeaderTopicWatcher: ...
+
 
 # -- denied ACLs ---------------------------------------------------------------------------------
 
@@ -255,11 +286,13 @@ def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
             "heartbeat.interval.ms": _ms(r.group_heartbeat_interval),
             # librdkafka sends a classic-group heartbeat only when its main thread wakes up
             # (timers or requests), in practice every 0.5-1 s for an idle follower: too late
-            # for short sessions, and it delays hand-overs. The auto-commit timer wakes it
-            # often enough; with enable.auto.offset.store=false nothing is ever stored, so
-            # the timer commits nothing (librdkafka skips empty auto-commits silently).
+            # for short sessions. The auto-commit timer wakes it every half heartbeat interval,
+            # so heartbeats go out at most that late; with enable.auto.offset.store=false
+            # nothing is ever stored, so the timer commits nothing (librdkafka skips empty
+            # auto-commits silently). Hand-overs do not depend on it (release hints); a
+            # shorter timer only burns CPU in every waiting member.
             "enable.auto.commit": True,
-            "auto.commit.interval.ms": _ms(min(r.group_heartbeat_interval / 5, 0.01)),
+            "auto.commit.interval.ms": _ms(r.group_heartbeat_interval / 2),
         })
     else:
         # KIP-848: session and heartbeat are group settings on the broker (see topic.py)
@@ -279,6 +312,24 @@ def producer_settings(r: ResolvedConfig) -> dict[str, Any]:
         # a heartbeat older than the lease proves nothing: give up on it then
         "message.timeout.ms": _ms(r.heartbeat_timeout),
         "request.timeout.ms": _ms(max(r.heartbeat_timeout, 0.1)),
+    })
+    return settings
+
+
+def watcher_settings(r: ResolvedConfig) -> dict[str, Any]:
+    """The hint watcher's librdkafka settings: a group-less consumer that long-polls."""
+    settings = _common(r)
+    settings.update({
+        "client.id": f"neli-{r.name}-watch",
+        # librdkafka wants a group id even for assign(); this one never joins or commits
+        "group.id": f"{r.group_id}.watch",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "latest",
+        "enable.partition.eof": False,
+        # the broker holds the fetch until a record arrives: the wait costs nothing in
+        # latency, a long one saves wake-ups of an idle follower
+        "fetch.wait.max.ms": 1000,
     })
     return settings
 
@@ -309,16 +360,32 @@ class _ConfluentConsumer:
 
         self._topic = topic
         self._listener: RebalanceListener | None = None
+        self._classic = settings.get("group.protocol", "classic") == "classic"
+        # the same topic, spelt as an anchored regex (librdkafka: '^' starts a regex)
+        self._alias = "^" + topic.replace(".", "[.]") + "$"
+        self._aliased = False
         conf = dict(settings)
         conf["on_commit"] = self._on_commit
         self._consumer = Consumer(conf)
 
     def subscribe(self, listener: RebalanceListener) -> None:
         self._listener = listener
-        self._consumer.subscribe(
-            [self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._subscribe([self._topic])
+
+    def _subscribe(self, topics: list[str]) -> None:
+        self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
+
+    def rejoin(self) -> None:
+        if not self._classic:
+            # KIP-848: a subscribe call makes librdkafka send its next heartbeat at once
+            self._subscribe([self._topic])
+            return
+        # Classic: librdkafka ignores a subscribe with an unchanged topic list, but rejoins at
+        # once when the list changes. Alternate between two spellings of the same topic: the
+        # member subscribes to exactly one topic either way, only the JoinGroup is sent now.
+        self._aliased = not self._aliased
+        self._subscribe([self._topic, self._alias] if self._aliased else [self._topic])
 
     def _tps(self, partitions: Sequence[int], starts: Mapping[int, int] | None = None) -> list[Any]:
         from confluent_kafka import OFFSET_INVALID, TopicPartition
@@ -384,6 +451,34 @@ class _ConfluentConsumer:
 
         tps = [TopicPartition(self._topic, p, o) for p, o in offsets.items()]
         self._consumer.commit(offsets=tps, asynchronous=True)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class _ConfluentWatcher:
+    def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
+        from confluent_kafka import Consumer
+
+        self._topic = topic
+        self._consumer = Consumer(dict(settings))
+
+    def watch(self, partitions: Sequence[int]) -> None:
+        from confluent_kafka import OFFSET_END as END
+        from confluent_kafka import TopicPartition
+
+        self._consumer.assign([TopicPartition(self._topic, p, END) for p in partitions])
+
+    def poll(self, timeout: float) -> PollResult:
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return None
+        err = msg.error()
+        if err is not None:
+            return ConsumerFault(code=_error_name(err), message=str(err.str()),
+                                 fatal=bool(err.fatal()))
+        return Record(partition=msg.partition(), offset=msg.offset(), key=msg.key(),
+                      value=msg.value(), timestamp_ms=None, log_append_time=False)
 
     def close(self) -> None:
         self._consumer.close()
@@ -626,6 +721,9 @@ class ConfluentKafka:
 
     def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer:
         return _ConfluentProducer(settings, topic)
+
+    def watcher(self, settings: Mapping[str, Any], topic: str) -> LeaderTopicWatcher:
+        return _ConfluentWatcher(settings, topic)
 
     def __repr__(self) -> str:
         return "ConfluentKafka()"
