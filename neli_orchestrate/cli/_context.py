@@ -156,9 +156,13 @@ def _build_target(bootstrap_servers: str, namespace: str, ledger_topic: str | No
     target = Target(bootstrap_servers.strip(), namespace.strip(), ledger_topic, kafka_config,
                     timeout)
     try:
+        # the settings the protocol and the ledger own are refused, as in the library
+        from neli_orchestrate.core import NeliConfig
+
+        NeliConfig(bootstrap_servers=target.bootstrap_servers, kafka_config=kafka_config)
         target.ledger_config()
     except ConfigError as exc:
-        raise click.BadParameter(str(exc)) from exc
+        raise click.BadParameter(str(exc), param_hint="-X/--kafka-config") from exc
     return target
 
 

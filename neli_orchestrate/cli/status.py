@@ -158,11 +158,12 @@ def collect_status(target: Target, roles: Sequence[str], *, profile: str = "defa
     lease = NeliConfig(profile=profile).resolved.heartbeat_timeout
     admin = ck.admin.AdminClient(target.client_config())
     try:
+        # first: an unreachable cluster must be an error, not "no roles"
+        metadata = admin.list_topics(topic=names.leader_topic, timeout=target.timeout)
         groups = ({role: names.role_group(role) for role in roles} if roles
                   else _role_groups(admin, target))
         if not groups:
             return []
-        metadata = admin.list_topics(topic=names.leader_topic, timeout=target.timeout)
         described = admin.describe_consumer_groups(list(groups.values()),
                                                    request_timeout=target.timeout)
     except ck.KafkaException as exc:
