@@ -3,7 +3,7 @@
 Every command that talks to a cluster takes the same options (also from the environment)::
 
     --bootstrap-servers  NELI_BOOTSTRAP_SERVERS   (default localhost:9092)
-    --namespace          NELI_NAMESPACE           (default neli; the Airflow/Dagster default)
+    --namespace          NELI_NAMESPACE           (required: the one every deployment shares)
     --ledger-topic       NELI_LEDGER_TOPIC        (default <namespace>.ledger)
     -X key=value         librdkafka settings (security.protocol, sasl.*, ssl.*), repeatable
     --kafka-config-file  a Java-style properties file of librdkafka settings
@@ -15,64 +15,38 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
+from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
 
-__all__ = ["Names", "Target", "connection_options", "namespace_names"]
+__all__ = ["Target", "connection_options", "group_prefix", "namespace_names", "role_of_group"]
 
 #: librdkafka's own log lines go through this logger (``-v`` shows them).
 librdkafka_log = logging.getLogger("neli_orchestrate.cli.librdkafka")
 
-DEFAULT_NAMESPACE = "neli"
+
+def namespace_names(namespace: str, ledger_topic: str | None = None) -> Namespace:
+    """The group ids, topics and transactional-id prefix of ``namespace`` (the core's one
+    derivation, shared with SingletonConfig, the Airflow hook and the Dagster resource)."""
+    return derive(namespace, ledger_topic=ledger_topic)
 
 
-@dataclass(frozen=True)
-class Names:
-    """Kafka names of one namespace: what every deployment of it must agree on."""
-
-    namespace: str
-    leader_topic: str
-    ledger_topic: str
-    transactional_id_prefix: str
-    role_group: Callable[[str], str] = field(repr=False)
-
-    def role_of_group(self, group_id: str) -> str | None:
-        """The role whose NELI group is ``group_id``, or None if it is not one of this namespace."""
-        prefix = self.role_group("\0").split("\0", 1)[0]
-        if group_id.startswith(prefix) and len(group_id) > len(prefix):
-            return group_id[len(prefix):]
-        return None
+def group_prefix(names: Namespace) -> str:
+    """What every role group id of ``names`` starts with (for prefixed ACLs and discovery)."""
+    return names.group_id("\0").split("\0", 1)[0]
 
 
-def namespace_names(namespace: str, ledger_topic: str | None = None) -> Names:
-    """Derive the group ids, topics and transactional-id prefix of ``namespace``.
-
-    Uses the same derivation as the Airflow hook and the Dagster resource: they build a
-    ``SingletonConfig`` whose ``group_id`` is the namespace and whose leader topic is
-    ``<namespace>.neli``; the singleton layer derives role groups and the ledger's
-    transactional ids from it.
-    """
-    from neli_orchestrate.core import NeliConfig
-    from neli_orchestrate.singleton import SingletonConfig
-
-    config = SingletonConfig(
-        neli=NeliConfig(group_id=namespace, topic=f"{namespace}.neli"),
-        deployment="neli-orchestrate-cli",
-        ledger_topic=ledger_topic or f"{namespace}.ledger",
-    )
-    ledger = config.ledger_config()
-    return Names(
-        namespace=namespace,
-        leader_topic=str(config.neli.resolved.topic),
-        ledger_topic=ledger.topic,
-        transactional_id_prefix=ledger.prefix,
-        role_group=lambda role: str(config.role_neli(role).resolved.group_id),
-    )
+def role_of_group(names: Namespace, group_id: str) -> str | None:
+    """The role whose NELI group is ``group_id``, or None if it is not one of ``names``."""
+    prefix = group_prefix(names)
+    if group_id.startswith(prefix) and len(group_id) > len(prefix):
+        return group_id[len(prefix):]
+    return None
 
 
 def _read_properties(path: Path) -> dict[str, str]:
@@ -100,7 +74,7 @@ class Target:
     timeout: float
 
     @property
-    def names(self) -> Names:
+    def names(self) -> Namespace:
         return namespace_names(self.namespace, self.ledger_topic_option)
 
     def client_config(self, **extra: Any) -> dict[str, Any]:
@@ -118,7 +92,7 @@ class Target:
     def ledger_config(self) -> Any:
         """The KafkaLedgerConfig every deployment of this namespace writes through."""
         from neli_orchestrate.ledger import KafkaLedgerConfig
-        from neli_orchestrate.singleton import _client_settings
+        from neli_orchestrate.singleton import _client_settings  # what the ledger shares
 
         names = self.names
         return KafkaLedgerConfig(
@@ -148,8 +122,10 @@ def _build_target(bootstrap_servers: str, namespace: str, ledger_topic: str | No
     if not bootstrap_servers.strip():
         raise click.BadParameter("must name at least one broker host:port",
                                  param_hint="--bootstrap-servers")
-    if not namespace.strip():
-        raise click.BadParameter("must not be empty", param_hint="--namespace")
+    try:
+        derive(namespace.strip(), ledger_topic=ledger_topic)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--namespace/--ledger-topic") from exc
     if not timeout > 0:
         raise click.BadParameter(f"must be a positive number of seconds, got {timeout}",
                                  param_hint="--timeout")
@@ -172,10 +148,9 @@ def connection_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--bootstrap-servers", "-b", envvar="NELI_BOOTSTRAP_SERVERS",
                      default="localhost:9092", show_default=True,
                      help="Kafka bootstrap servers [env NELI_BOOTSTRAP_SERVERS]"),
-        click.option("--namespace", "-n", envvar="NELI_NAMESPACE", default=DEFAULT_NAMESPACE,
-                     show_default=True,
-                     help="the namespace (NELI group id) every deployment uses [env "
-                          "NELI_NAMESPACE]"),
+        click.option("--namespace", "-n", envvar="NELI_NAMESPACE", required=True,
+                     help="the namespace every deployment shares (as in SingletonConfig, the "
+                          "Airflow connection, the Dagster resource) [env NELI_NAMESPACE]"),
         click.option("--ledger-topic", envvar="NELI_LEDGER_TOPIC", default=None,
                      help="run ledger topic (default <namespace>.ledger) [env NELI_LEDGER_TOPIC]"),
         click.option("-X", "--kafka-config", "settings", multiple=True, metavar="KEY=VALUE",

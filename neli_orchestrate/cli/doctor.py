@@ -19,7 +19,7 @@ from typing import Any
 import click
 from rich.text import Text
 
-from neli_orchestrate.cli._context import Target, connection_options
+from neli_orchestrate.cli._context import Target, connection_options, group_prefix
 from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
 from neli_orchestrate.core.config import PROFILES, NeliConfig
 from neli_orchestrate.errors import ConfigError
@@ -252,7 +252,7 @@ class _Doctor:
         """Tried: describe a role group name, commit an offset for a throwaway group."""
         ck = _ck()
         t, names = self.target, self.names
-        probe = names.role_group(f"__neli_doctor_{uuid.uuid4().hex[:8]}")
+        probe = names.group_id(f"__neli_doctor_{uuid.uuid4().hex[:8]}")
         try:
             description = self.admin.describe_consumer_groups(
                 [probe], request_timeout=t.timeout)[probe].result(timeout=t.timeout + 5)
@@ -263,7 +263,7 @@ class _Doctor:
             if "AUTHORIZATION" in code:
                 self.add("acl", ERROR, f"DESCRIBE on group {probe!r} denied ({code})",
                          f"grant DESCRIBE and READ on groups with the prefix "
-                         f"{names.role_group('')!r}")
+                         f"{group_prefix(names)!r}")
                 return
             self.add("acl", WARNING, f"describing group {probe!r} failed: {exc}")
         if names.leader_topic not in topics:
@@ -276,7 +276,7 @@ class _Doctor:
                      f"{names.leader_topic!r} allowed (offset commit)")
         except ck.KafkaException as exc:
             code = _code(exc)
-            fix = (f"grant READ on groups with the prefix {names.role_group('')!r}"
+            fix = (f"grant READ on groups with the prefix {group_prefix(names)!r}"
                    if "GROUP" in code else f"grant READ on topic {names.leader_topic!r}")
             self.add("acl", ERROR, f"committing an offset for group {probe!r} failed "
                      f"({code or exc})", fix)

@@ -1,4 +1,4 @@
-"""``neli-orchestrate ledger list|show|history``: what ran where, read from the run ledger."""
+"""``neli-orchestrate ledger list|show|history|reset``: what ran where, from the run ledger."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from rich.markup import escape
 
 from neli_orchestrate.cli._context import Target, connection_options
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, stderr, table, when
-from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.core.config import PROFILES
+from neli_orchestrate.errors import KafkaUnavailableError, NeliError
 from neli_orchestrate.ledger import RunState
 from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory, read_history
 
@@ -170,4 +171,46 @@ def history(target: Target, role: str, run_key: str, as_json: bool) -> int:
           f"only the newest once a segment is cleaned)",
           ["offset", "state", "token", "deployment", "member", "attempt", "at",
            "handoff until", "reason"], rows)
+    return 0
+
+
+@ledger.command()
+@connection_options
+@click.argument("role")
+@click.argument("run_key")
+@click.option("--reason", required=True,
+              help="who asks and why; written to the ledger for the audit trail")
+@click.option("--deployment", envvar="NELI_DEPLOYMENT", required=True,
+              help="the deployment recorded as resetting it [env NELI_DEPLOYMENT]")
+@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
+              show_default=True, help="timing profile of the role's group")
+@click.option("--group-protocol", type=click.Choice(["classic", "consumer"]), default="classic",
+              show_default=True, help="group protocol of the role's group")
+@click.option("--acquire-timeout", type=float, default=60.0, show_default=True,
+              help="seconds to wait to lead the role (only the leader writes the ledger)")
+@json_option
+def reset(target: Target, role: str, run_key: str, reason: str, deployment: str, profile: str,
+          group_protocol: str, acquire_timeout: float, as_json: bool) -> int:
+    """Reset a COMPLETED or FAILED run key so its next run starts over (Singleton.reset)."""
+    from neli_orchestrate.core import NeliConfig
+    from neli_orchestrate.singleton import Singleton, SingletonConfig
+
+    try:
+        config = SingletonConfig(
+            neli=NeliConfig(bootstrap_servers=target.bootstrap_servers, profile=profile,
+                            group_protocol=group_protocol,  # type: ignore[arg-type]
+                            kafka_config=dict(target.kafka_config)),
+            namespace=target.namespace, ledger_topic=target.ledger_topic_option,
+            deployment=deployment, acquire_timeout=acquire_timeout)
+        with progress(f"leading role {role} to reset {run_key}"), Singleton(config) as single:
+            record = single.reset(role, run_key, reason)
+    except NeliError as exc:
+        raise fail(str(exc)) from None
+    data = {"role": record.role, "run_key": record.run_key, "state": record.state.value,
+            "token": record.token, "deployment": record.deployment, "member": record.member,
+            "at": when(record.at), "reason": record.reason}
+    if as_json:
+        emit(data)
+    else:
+        table(f"reset {role} / {run_key}", ["field", "value"], list(data.items()))
     return 0

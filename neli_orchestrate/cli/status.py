@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from neli_orchestrate.cli._context import Target, connection_options
+from neli_orchestrate.cli._context import Target, connection_options, role_of_group
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, table
 from neli_orchestrate.core.config import PROFILES, NeliConfig
 from neli_orchestrate.core.heartbeat import decode_heartbeat
@@ -77,7 +77,7 @@ def _role_groups(admin: Any, target: Target) -> dict[str, str]:
         timeout=target.timeout + 5)
     roles = {}
     for listing in result.valid:
-        role = names.role_of_group(listing.group_id)
+        role = role_of_group(names, listing.group_id)
         if role is not None:
             roles[role] = listing.group_id
     return roles
@@ -160,7 +160,7 @@ def collect_status(target: Target, roles: Sequence[str], *, profile: str = "defa
     try:
         # first: an unreachable cluster must be an error, not "no roles"
         metadata = admin.list_topics(topic=names.leader_topic, timeout=target.timeout)
-        groups = ({role: names.role_group(role) for role in roles} if roles
+        groups = ({role: names.group_id(role) for role in roles} if roles
                   else _role_groups(admin, target))
         if not groups:
             return []

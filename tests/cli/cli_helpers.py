@@ -41,10 +41,7 @@ def new_namespace() -> str:
 def singleton(bootstrap: str, namespace: str, deployment: str):  # type: ignore[no-untyped-def]
     """A Singleton configured the way the Airflow hook and Dagster resource configure it."""
     from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
-    from neli_orchestrate.cli._context import namespace_names
 
-    names = namespace_names(namespace)
-    return Singleton(SingletonConfig(
-        neli=NeliConfig(bootstrap_servers=bootstrap, group_id=namespace,
-                        topic=names.leader_topic),
-        deployment=deployment, ledger_topic=names.ledger_topic, acquire_timeout=60))
+    return Singleton(SingletonConfig(neli=NeliConfig(bootstrap_servers=bootstrap),
+                                     namespace=namespace, deployment=deployment,
+                                     acquire_timeout=60))

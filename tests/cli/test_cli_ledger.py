@@ -136,3 +136,27 @@ def test_a_recreated_ledger_whose_tokens_would_go_backwards_is_flagged(
     warnings = out.json()["warnings"]
     assert len(warnings) == 1
     assert "holds token 500" in warnings[0] and "recreated" in warnings[0]
+
+
+def test_reset_writes_an_audited_reset_with_a_larger_token(kafka_broker) -> None:
+    namespace = new_namespace()
+    with singleton(kafka_broker, namespace, "us-east-1") as east, \
+            east.claim("daily", "2013-04-01") as run:
+        assert run.should_run
+    args = ["-b", kafka_broker, "-n", namespace]
+    before = cli("ledger", "show", *args, "daily", "2013-04-01", "--json").json()
+    out = cli("ledger", "reset", *args, "daily", "2013-04-01", "--deployment", "eu-west-1",
+              "--reason", "alice: bad input data, rerun", "--json")
+    assert out.code == 0, out.stderr
+    after = cli("ledger", "show", *args, "daily", "2013-04-01", "--json").json()
+    assert after["state"] == "RESET" and after["deployment"] == "eu-west-1"
+    assert after["reason"] == "alice: bad input data, rerun"
+    assert after["token"] > before["token"]
+    history = cli("ledger", "history", *args, "daily", "2013-04-01", "--json").json()
+    assert [r["state"] for r in history["records"]][-2:] == ["COMPLETED", "RESET"]
+    # an unknown run key has nothing to reset; a reset needs a reason
+    missing = cli("ledger", "reset", *args, "daily", "1999-01-01", "--deployment", "eu-west-1",
+                  "--reason", "x")
+    assert missing.code == 1 and "1999-01-01" in missing.stderr
+    no_reason = cli("ledger", "reset", *args, "daily", "2013-04-01", "--deployment", "x")
+    assert no_reason.code == 2 and "--reason" in no_reason.stderr

@@ -84,7 +84,8 @@ def test_doctor_fails_on_a_ledger_topic_that_retention_would_empty(kafka_broker,
 
 
 def test_doctor_fails_fast_on_an_unreachable_broker_with_the_fix(kafka_broker) -> None:
-    out = cli("doctor", "-b", "127.0.0.1:1", "--timeout", "2", "--json", timeout=60)
+    out = cli("doctor", "-b", "127.0.0.1:1", "-n", "acme", "--timeout", "2", "--json",
+              timeout=60)
     assert out.code == 1
     [finding] = out.json()["findings"]
     assert finding["level"] == "error" and "127.0.0.1:1" in finding["message"]
@@ -92,7 +93,7 @@ def test_doctor_fails_fast_on_an_unreachable_broker_with_the_fix(kafka_broker) -
 
 
 def test_doctor_rejects_timeouts_that_break_exclusivity(kafka_broker) -> None:
-    out = cli("doctor", "-b", kafka_broker, "--session-timeout", "3",
+    out = cli("doctor", "-b", kafka_broker, "-n", "acme", "--session-timeout", "3",
               "--heartbeat-timeout", "2.9", "--json")
     assert out.code == 1
     [finding] = out.json()["findings"]
@@ -100,14 +101,23 @@ def test_doctor_rejects_timeouts_that_break_exclusivity(kafka_broker) -> None:
 
 
 def test_status_and_ledger_on_an_unreachable_broker_end_within_the_timeout() -> None:
-    status = cli("status", "-b", "127.0.0.1:1", "--timeout", "2", timeout=60)
+    status = cli("status", "-b", "127.0.0.1:1", "-n", "acme", "--timeout", "2", timeout=60)
     assert status.code == 1 and "127.0.0.1:1" in status.stderr
-    ledger = cli("ledger", "list", "-b", "127.0.0.1:1", "--timeout", "2", timeout=60)
+    ledger = cli("ledger", "list", "-b", "127.0.0.1:1", "-n", "acme", "--timeout", "2",
+                 timeout=60)
     assert ledger.code == 1 and "cannot reach Kafka at 127.0.0.1:1" in ledger.stderr
 
 
 def test_bad_options_name_the_option() -> None:
-    out = cli("ledger", "list", "-X", "no-equals-sign")
+    out = cli("ledger", "list", "-n", "acme", "-X", "no-equals-sign")
     assert out.code == 2 and "-X" in out.stderr and "key=value" in out.stderr
-    out = cli("ledger", "list", "-X", "transactional.id=x")
+    out = cli("ledger", "list", "-n", "acme", "-X", "transactional.id=x")
     assert out.code == 2 and "transactional.id" in out.stderr
+    out = cli("status", "-n", "bad namespace!")
+    assert out.code == 2 and "cannot prefix Kafka topic names" in out.stderr
+
+
+def test_there_is_no_default_namespace(monkeypatch) -> None:
+    monkeypatch.delenv("NELI_NAMESPACE", raising=False)
+    out = cli("ledger", "list")
+    assert out.code == 2 and "--namespace" in out.stderr
