@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,7 @@ def leader_gate_op(
                     "deployment": neli.deployment,
                     "role": role,
                     "run_key": key,
+                    "claimed_at": dg.MetadataValue.timestamp(time.time()),
                 },
             )
             return

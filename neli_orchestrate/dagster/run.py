@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ class NeliRun:
         token: int | None,
         record: LedgerRecord | None,
         handle: Any | None,
+        log: Any | None = None,
     ) -> None:
         self.role = role
         self.run_key = run_key
@@ -62,6 +64,10 @@ class NeliRun:
         self.reason: str = str(getattr(handle, "reason", "") or "")
         self._should_run = should_run
         self._handle = handle
+        # Dagster's logger of the step (context.log): a fence must show in the run's event log.
+        self._log = log
+        #: Wall-clock time this deployment started the run (None where it does not run).
+        self.started_at: float | None = time.time() if should_run else None
         self._fenced = threading.Event()
         self._fence_reason: str | None = None
         if handle is not None and should_run:
@@ -86,13 +92,17 @@ class NeliRun:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """Metadata for the step's Output / MaterializeResult: token, deployment, role, run key."""
-        return {
+        """Metadata for the step's Output / MaterializeResult: token, deployment, role, run key,
+        and ``started_at`` (a ``MetadataValue.timestamp``) where the run executes here."""
+        metadata: dict[str, Any] = {
             "token": self.token,
             "deployment": self.deployment,
             "role": self.role,
             "run_key": self.run_key,
         }
+        if self.started_at is not None:
+            metadata["started_at"] = dg.MetadataValue.timestamp(self.started_at)
+        return metadata
 
     def check(self) -> None:
         """Raise ``FencedError`` if this member no longer leads the role or was superseded.
@@ -157,13 +167,18 @@ class NeliRun:
     def _note_fence(self, reason: object = None) -> None:
         self._fence_reason = str(reason) if reason is not None else "leadership lost"
         self._fenced.set()
-        logger.warning(
-            "run key %r of role %r (token %s) fenced: %s",
-            self.run_key,
-            self.role,
-            self.token,
-            self._fence_reason,
+        message = (
+            f"neli: fenced: deployment {self.deployment!r} lost role {self.role!r} while running "
+            f"run key {self.run_key!r} with token {self.token}: {self._fence_reason}; stopping "
+            "the work"
         )
+        if self._log is not None:
+            try:
+                self._log.error(message)
+            except Exception:  # noqa: BLE001 - the watchdog thread must go on to cancel the work
+                logger.exception("could not log the fence through Dagster's logger")
+        else:
+            logger.warning(message)
 
     def __repr__(self) -> str:
         return (
