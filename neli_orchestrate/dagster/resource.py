@@ -41,9 +41,6 @@ from neli_orchestrate.singleton import Reservation, Singleton, SingletonConfig
 
 logger = logging.getLogger(__name__)
 
-# Kafka topic names: the namespace names the leader topic (and the default ledger topic).
-_TOPIC_NAME = r"^[A-Za-z0-9._-]{1,249}$"
-
 
 def _describe(record: LedgerRecord | None) -> str:
     if record is None:
@@ -78,14 +75,12 @@ class NeliResource(dg.ConfigurableResource):
         "deployment, recorded in the run ledger.",
     )
     namespace: str = Field(
-        default="neli",
-        pattern=_TOPIC_NAME,
-        description="NELI group id acting as namespace: a role's consumer group and leader "
-        "topic derive from it. Must be the same in every deployment.",
+        description="Namespace every Kafka name derives from (role groups '<namespace>.<role>', "
+        "leader topic '<namespace>.neli', ledger '<namespace>.ledger'). Required; the same in "
+        "every deployment that shares runs, whatever front door it uses.",
     )
     ledger_topic: str | None = Field(
         default=None,
-        pattern=_TOPIC_NAME,
         description="Compacted run-ledger topic (None: '<namespace>.ledger'); the same in "
         "every deployment.",
     )
@@ -194,7 +189,6 @@ class NeliResource(dg.ConfigurableResource):
         """Return the singleton configuration; ConfigError names any invalid field."""
         neli_kwargs: dict[str, Any] = {
             "bootstrap_servers": self.bootstrap_servers,
-            "group_id": self.namespace,
             "kafka_config": dict(self.kafka_config),
             "profile": self.profile,
         }
@@ -207,7 +201,8 @@ class NeliResource(dg.ConfigurableResource):
         return SingletonConfig(
             neli=NeliConfig(**neli_kwargs),
             deployment=self.deployment,
-            ledger_topic=self.ledger_topic or f"{self.namespace}.ledger",
+            namespace=self.namespace,
+            ledger_topic=self.ledger_topic,
             handoff_timeout=self.handoff_timeout,
             acquire_timeout=self.acquire_timeout,
             max_attempts=self.max_attempts,
