@@ -268,6 +268,7 @@ class NeliResource(dg.ConfigurableResource):
             with ExitStack() as stack:
                 run = self._open(stack, singleton, role, run_key, context)
                 if run.should_run:
+                    run.check()  # fenced between the claim and here: start no work
                     log.info(
                         f"neli: deployment {self.deployment!r} runs {role!r} / {run_key!r} "
                         f"with token {run.token} ({run.outcome}: {run.reason})"

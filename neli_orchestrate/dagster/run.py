@@ -137,6 +137,8 @@ class NeliRun:
     def cancel_spark_on_fence(self, spark: Any) -> SparkJobCanceller:
         """Tag this thread's Spark jobs so a fence cancels them; use as a context manager.
 
+        Raises ``FencedError`` (the step fails for good) if the run is fenced already.
+
         ``spark`` is a SparkSession or SparkContext. The job group is
         ``neli/<role>/<run key>/<token>``::
 
@@ -149,6 +151,9 @@ class NeliRun:
             )
         canceller = cancel_on_fence(spark, f"neli/{self.role}/{self.run_key}/{self.token}")
         self.on_fence(canceller)
+        # Fenced already (e.g. while the SparkSession started)? Cancelling a job group before
+        # its jobs exist stops nothing, so refuse to start the work at all.
+        self.check()
         return canceller
 
     def fence_failure(self, cause: BaseException) -> dg.Failure:

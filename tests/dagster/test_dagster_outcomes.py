@@ -333,3 +333,28 @@ def test_a_role_per_partition_keeps_dates_apart_in_the_ledger() -> None:
     assert WORLD.ledger.history(f"daily/{DAY}", DAY) == [RunState.RUNNING, RunState.COMPLETED]
     assert WORLD.ledger.history("daily", DAY) == []
     assert {m.group for m in WORLD.members} == {f"acme.daily/{DAY}"}
+
+
+def test_spark_work_does_not_start_once_the_run_is_fenced() -> None:
+    # Observed on a loaded machine: the fence came while the SparkSession was starting; the
+    # job-group cancel then found no jobs, and the Spark job ran anyway.
+    spark = FakeSparkContext()
+    started: list[int] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        WORLD.members[-1].fence()
+        deadline = time.monotonic() + 10
+        while not run.fenced and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with run.cancel_spark_on_fence(spark):
+            started.append(1)
+        return 1
+
+    result = _materialize(daily, neli())
+    [failure] = _events(result, "STEP_FAILURE")
+    assert failure.step_failure_data.error.cls_name == "Failure"
+    assert "fenced" in failure.step_failure_data.user_failure_data.description
+    assert started == [], "Spark work started after the fence"
+    assert _events(result, "STEP_UP_FOR_RETRY") == []
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING]
