@@ -297,7 +297,8 @@ class NeliResource(dg.ConfigurableResource):
         self, stack: ExitStack, singleton: Singleton, role: str, run_key: str, context: Any
     ) -> NeliRun:
         """Claim the run (waiting while another deployment holds it) and return its handle."""
-        deadline = self._clock() + self.wait_timeout
+        began = self._clock()
+        deadline = began + self.wait_timeout
         while True:
             attempt = ExitStack()
             claim = attempt.enter_context(singleton.claim(role=role, run_key=run_key))
@@ -317,6 +318,7 @@ class NeliResource(dg.ConfigurableResource):
                     record=claim.record,
                     handle=claim,
                     log=context.log,
+                    time_to_lead=self._clock() - began,
                 )
             attempt.close()  # leave the group at once: the holder may need it to finish
             self._wait_or_give_up(deadline, role, run_key, claim.reason, context)

@@ -53,6 +53,7 @@ class NeliRun:
         record: LedgerRecord | None,
         handle: Any | None,
         log: Any | None = None,
+        time_to_lead: float | None = None,
     ) -> None:
         self.role = role
         self.run_key = run_key
@@ -68,6 +69,8 @@ class NeliRun:
         self._log = log
         #: Wall-clock time this deployment started the run (None where it does not run).
         self.started_at: float | None = time.time() if should_run else None
+        #: Seconds from the step's first claim attempt to holding the claim (waits included).
+        self.time_to_lead = time_to_lead if should_run else None
         self._fenced = threading.Event()
         self._fence_reason: str | None = None
         if handle is not None and should_run:
@@ -92,8 +95,9 @@ class NeliRun:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """Metadata for the step's Output / MaterializeResult: token, deployment, role, run key,
-        and ``started_at`` (a ``MetadataValue.timestamp``) where the run executes here."""
+        """Metadata for the step's Output / MaterializeResult: token, deployment, role, run key;
+        where the run executes here also ``neli_outcome`` (RUN, TAKE_OVER, RETRY),
+        ``started_at`` (a timestamp) and ``time_to_lead`` (seconds, waits included)."""
         metadata: dict[str, Any] = {
             "token": self.token,
             "deployment": self.deployment,
@@ -101,7 +105,10 @@ class NeliRun:
             "run_key": self.run_key,
         }
         if self.started_at is not None:
+            metadata["neli_outcome"] = str(self.outcome)
             metadata["started_at"] = dg.MetadataValue.timestamp(self.started_at)
+        if self.time_to_lead is not None:
+            metadata["time_to_lead"] = dg.MetadataValue.float(round(self.time_to_lead, 3))
         return metadata
 
     def check(self) -> None:

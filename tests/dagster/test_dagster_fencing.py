@@ -26,7 +26,10 @@ pytestmark = [pytest.mark.dagster, pytest.mark.kafka, pytest.mark.spark]
 
 PARTITION = "2013-03-01"
 ROLE = "fenced_spark"
-SESSION_TIMEOUT = 4.0
+# Long enough that a step on a loaded two-core machine is not fenced by accident; the pause
+# (west starting up and starting Spark) lasts far longer anyway.
+SESSION_TIMEOUT = 10.0
+STEP_TIMEOUT = 300.0
 
 
 def _wait_for(condition, timeout: float, what: str, *deployments: Deployment) -> None:  # type: ignore[no-untyped-def]
@@ -60,7 +63,7 @@ def test_step_paused_past_the_session_is_fenced_by_the_other_deployment_and_its_
         _wait_for(
             lambda: east_claim_file.exists()
             and len(_spark_tasks(tmp_path, "east", "started")) == 2,
-            150, "east's Spark tasks to run", east,
+            STEP_TIMEOUT, "east's Spark tasks to run", east,
         )
         east_claim = json.loads(east_claim_file.read_text())
         step_pid = east_claim["pid"]
@@ -74,17 +77,17 @@ def test_step_paused_past_the_session_is_fenced_by_the_other_deployment_and_its_
             _wait_for(
                 lambda: west_claim_file.exists()
                 and len(_spark_tasks(tmp_path, "west", "started")) == 2,
-                150, "west to take the run over and run its Spark tasks", west,
+                STEP_TIMEOUT, "west to take the run over and run its Spark tasks", west,
             )
         finally:
             os.kill(step_pid, signal.SIGCONT)
         west_claim = json.loads(west_claim_file.read_text())
         assert west_claim["token"] > east_claim["token"]
 
-        east_result = east.wait(timeout=120)  # fenced: fails while west is still working
+        east_result = east.wait(timeout=STEP_TIMEOUT)  # fenced: fails while west is still working
         assert not _spark_tasks(tmp_path, "west", "finished"), "west was released too early"
         (tmp_path / "release-west").touch()
-        west_result = west.wait(timeout=120)
+        west_result = west.wait(timeout=STEP_TIMEOUT)
     finally:
         east.stop()
         west.stop()
@@ -96,6 +99,8 @@ def test_step_paused_past_the_session_is_fenced_by_the_other_deployment_and_its_
     assert failure["error_class"] == "Failure"
     metadata = dict(failure["metadata"])
     assert isinstance(metadata.pop("started_at"), float)
+    assert metadata.pop("neli_outcome") == "RUN"
+    assert isinstance(metadata.pop("time_to_lead"), float)
     assert metadata == {
         "token": east_claim["token"],
         "deployment": "east",
@@ -118,6 +123,7 @@ def test_step_paused_past_the_session_is_fenced_by_the_other_deployment_and_its_
     [materialization] = west_run["materialized"]
     assert materialization["metadata"]["token"] == west_claim["token"]
     assert materialization["metadata"]["deployment"] == "west"
+    assert materialization["metadata"]["neli_outcome"] == "TAKE_OVER"
     assert len(_spark_tasks(tmp_path, "west", "finished")) == 2
 
     assert work_log(tmp_path) == [(ROLE, PARTITION, "west", west_claim["token"])], (

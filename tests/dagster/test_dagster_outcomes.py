@@ -178,7 +178,10 @@ def test_run_executes_once_then_every_deployment_skips_with_a_trace() -> None:
         "deployment": "east",
         "role": "daily",
         "run_key": DAY,
+        "neli_outcome": "RUN",
     }.items()
+    assert isinstance(materialization.metadata["started_at"], dg.TimestampMetadataValue)
+    assert isinstance(materialization.metadata["time_to_lead"], dg.FloatMetadataValue)
 
     for region in ("west", "east"):
         again = _materialize(daily, neli(deployment=region))
@@ -221,6 +224,8 @@ def test_fence_during_the_work_cancels_spark_jobs_and_fails_the_step_without_ret
     started_at = metadata.pop("started_at")
     assert isinstance(started_at, dg.TimestampMetadataValue)
     assert abs(started_at.value - time.time()) < 60
+    assert metadata.pop("neli_outcome").value == "RUN"
+    assert 0 <= metadata.pop("time_to_lead").value < 60
     assert {k: v.value for k, v in metadata.items()} == {
         "token": token,
         "deployment": "east",

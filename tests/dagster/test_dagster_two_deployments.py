@@ -144,6 +144,8 @@ def test_gate_op_lets_only_the_claiming_deployment_run_the_singleton_op(
                 assert gate_output["role"] == "gated_daily"
                 assert gate_output["run_key"] == partition
                 assert gate_output["token"] < token
+                assert gate_output["neli_outcome"] == "RUN"
+                assert isinstance(gate_output["claimed_at"], float)
                 assert run["outputs"]["gated_work.result"]["token"] == token
             else:
                 assert run["step_success"] == ["gated_daily_gate"]
@@ -191,6 +193,7 @@ def test_failed_step_is_retried_by_dagster_in_the_same_deployment_while_the_othe
     materialized = {m["asset"]: m["metadata"] for m in ran["materialized"]}
     assert set(materialized) == {"flaky_daily", "flaky_daily_report"}
     assert materialized["flaky_daily"]["token"] == retried_token
+    assert materialized["flaky_daily"]["neli_outcome"] == "RETRY"
 
     waited = results[other]["runs"][partition]
     assert waited["success"], waited
