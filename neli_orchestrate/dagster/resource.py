@@ -227,6 +227,17 @@ class NeliResource(dg.ConfigurableResource):
         """Return the latest ledger record of ``role``/``run_key`` (None if never claimed)."""
         return self.get_singleton().status(role, run_key)
 
+    def reset(self, role: str, run_key: str, reason: str) -> LedgerRecord:
+        """Reset a finished run key so that its next run computes it again (audited).
+
+        The same as ``neli-orchestrate ledger reset ROLE RUN_KEY --reason ...``: leads the role,
+        writes a ``RESET`` record with ``reason`` and a larger token, and returns it. Then
+        re-materialize the partition in the one deployment that should run it; deployments
+        that launch it later skip it once it is ``COMPLETED`` again. ``ConfigError`` if the run
+        key is in progress or has nothing to reset, or ``reason`` is empty.
+        """
+        return self.get_singleton().reset(role, run_key, reason)
+
     def reserve(self, context: Any, role: str, run_key: str) -> Reservation:
         """Claim ``role``/``run_key`` for this deployment (split form, used by the gate op).
 

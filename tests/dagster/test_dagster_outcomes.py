@@ -18,6 +18,7 @@ import pytest
 
 from neli_orchestrate.core import MockNeli, NeliConfig
 from neli_orchestrate.dagster import NeliResource, NeliRun, singleton_asset
+from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger import RunState
 from neli_orchestrate.singleton import Singleton
 from neli_orchestrate.testing.memory_ledger import MemoryLedger
@@ -363,3 +364,36 @@ def test_spark_work_does_not_start_once_the_run_is_fenced() -> None:
     assert started == [], "Spark work started after the fence"
     assert _events(result, "STEP_UP_FOR_RETRY") == []
     assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING]
+
+
+def test_reset_run_key_is_computed_again_in_the_one_deployment_that_runs_it() -> None:
+    ran: list[tuple[str, int]] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        ran.append((run.deployment, int(run.token)))
+        return 1
+
+    assert _materialize(daily, neli(deployment="east")).success
+    assert _materialize(daily, neli(deployment="west")).success  # skips: done in east
+    with pytest.raises(ConfigError, match="reason"):
+        neli(deployment="west").reset("daily", DAY, reason=" ")
+    record = neli(deployment="west").reset("daily", DAY, reason="late data, ticket DATA-1")
+    assert record.state is RunState.RESET and record.reason == "late data, ticket DATA-1"
+
+    again = _materialize(daily, neli(deployment="west"))
+    assert again.success
+    [(first, first_token), (second, second_token)] = ran
+    assert (first, second) == ("east", "west")
+    assert second_token > record.token > first_token
+    [materialization] = [
+        e.step_materialization_data.materialization
+        for e in _events(again, "ASSET_MATERIALIZATION")
+        if e.step_key == "daily"
+    ]
+    assert materialization.metadata["neli_outcome"].value == "RUN"
+    assert _materialize(daily, neli(deployment="east")).success  # done again: skips
+    assert len(ran) == 2
+    assert WORLD.ledger.history("daily", DAY) == [
+        RunState.RUNNING, RunState.COMPLETED, RunState.RESET, RunState.RUNNING, RunState.COMPLETED,
+    ]
