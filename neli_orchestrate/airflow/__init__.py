@@ -38,8 +38,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from neli_orchestrate.airflow.hooks.neli import NeliHook
     from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
-    from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
     from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
+    from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
     from neli_orchestrate.airflow.provider import get_provider_info
     from neli_orchestrate.airflow.sensors.leader import NeliLeaderSensor
     from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
