@@ -507,7 +507,7 @@ class FencedExecutionMixin:
         acquire_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # the operator class after the mixin
         self.gate_task_id = gate_task_id
         self.neli_conn_id = neli_conn_id
         self.acquire_timeout = acquire_timeout
