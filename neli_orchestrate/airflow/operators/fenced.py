@@ -50,7 +50,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
 
-from neli_orchestrate.airflow.claims import CLAIM_CONTEXT_KEY, RunClaim, open_singleton
+from neli_orchestrate.airflow.claims import (
+    CLAIM_CONTEXT_KEY,
+    RunClaim,
+    open_singleton,
+    reset_command,
+)
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.errors import ConfigError, FencedError, SkippedRun
 
@@ -121,7 +126,8 @@ def pull_claim(context: Context, gate: Any) -> RunClaim:
     except ConfigError:
         raise AirflowFailException(
             f"no claim from gate {gate.task_id!r} for this run (XCom return_value is {value!r}); "
-            "clear the gate together with this task so it claims the run again"
+            "clear the gate together with this task so it claims the run again (a run that "
+            f"already COMPLETED needs `{reset_command('ROLE', 'RUN_KEY')}` first)"
         ) from None
 
 

@@ -20,7 +20,9 @@ Every deployment runs the same DAG. For each run the gate asks the run ledger (t
 
 .. note:: The gate waits at most ``timeout`` seconds (sensor semantics; default from
    ``[sensors] default_timeout``) and then fails, which leaves the run for a later retry or a
-   manual clear. It does not skip on timeout.
+   manual clear of the gate. It does not skip on timeout. A COMPLETED run is re-run only after
+   ``neli-orchestrate ledger reset ROLE RUN_KEY --reason ...`` (docs/airflow.md, "Re-running a
+   date").
 """
 
 from __future__ import annotations
@@ -247,11 +249,13 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
             else "another deployment"
         )
         self.log.info(
-            "Run %r of role %r already completed by %s; skipping downstream %s",
+            "Run %r of role %r already completed by %s; skipping downstream %s. To run it "
+            "again: %s, then clear this gate in one region",
             self.run_key,
             self.role,
             where,
             sorted(t.task_id for t in downstream),
+            reset_command(self.role, self.run_key),
         )
         ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=record_to_dict(record))
         # Raises DownstreamTasksSkipped when there is anything to skip.
