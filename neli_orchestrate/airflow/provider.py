@@ -36,9 +36,9 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     ),
     "namespace": _field(
         "Namespace",
-        {"type": ["string", "null"], "default": "neli"},
-        "Prefix of the consumer group and topics shared by all deployments that coordinate: "
-        "group <namespace>, leader topic <namespace>.neli, ledger <namespace>.ledger.",
+        {"type": ["string", "null"]},
+        "Required (here or in [neli] namespace); the same in every deployment that coordinates: "
+        "groups <namespace>.<role>, leader topic <namespace>.neli, ledger <namespace>.ledger.",
     ),
     "ledger_topic": _field(
         "Ledger topic", _STRING, "Run ledger topic; default <namespace>.ledger."
@@ -181,7 +181,7 @@ def get_provider_info() -> dict[str, Any]:
                         "host": "broker1:9092,broker2:9092",
                         "login": "only with SASL_PLAINTEXT / SASL_SSL",
                         "deployment": "us-east-1",
-                        "namespace": "neli",
+                        "namespace": "acme",
                     },
                 },
             }
@@ -205,13 +205,13 @@ def get_provider_info() -> dict[str, Any]:
                     "namespace": {
                         "description": (
                             "NELI namespace (consumer group and topic prefix) when neither the "
-                            "operator nor the connection sets one. Must be the same in every "
-                            "deployment that coordinates."
+                            "operator nor the connection sets one. Required somewhere: there is "
+                            "no default. Must be the same in every deployment that coordinates."
                         ),
                         "version_added": "0.1.0",
                         "type": "string",
-                        "example": "acme.neli",
-                        "default": "neli",
+                        "example": "acme",
+                        "default": None,
                     },
                 },
             }

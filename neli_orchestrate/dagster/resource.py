@@ -70,9 +70,9 @@ class NeliResource(dg.ConfigurableResource):
         "deployment, recorded in the run ledger."
     )
     namespace: str = Field(
-        default="neli",
-        description="NELI group id acting as namespace: a role's consumer group and leader "
-        "topic derive from it. Must be the same in every deployment.",
+        description="Namespace every Kafka name derives from (role groups '<namespace>.<role>', "
+        "leader topic '<namespace>.neli', ledger '<namespace>.ledger'). Required; the same in "
+        "every deployment that shares runs, whatever front door it uses.",
     )
     ledger_topic: str | None = Field(
         default=None,
@@ -131,8 +131,6 @@ class NeliResource(dg.ConfigurableResource):
     def _check_fields(self) -> None:
         if not self.deployment or not self.deployment.strip():
             raise ConfigError("NeliResource.deployment must name this deployment, e.g. 'eu-1'")
-        if not self.namespace:
-            raise ConfigError("NeliResource.namespace must not be empty")
         if self.wait_timeout < 0:
             raise ConfigError(
                 f"NeliResource.wait_timeout must be >= 0 seconds, got {self.wait_timeout}"
@@ -147,7 +145,6 @@ class NeliResource(dg.ConfigurableResource):
         self._check_fields()
         neli_kwargs: dict[str, Any] = {
             "bootstrap_servers": self.bootstrap_servers,
-            "group_id": self.namespace,
             "kafka_config": dict(self.kafka_config),
             "profile": self.profile,
         }
@@ -158,7 +155,8 @@ class NeliResource(dg.ConfigurableResource):
         return SingletonConfig(
             neli=NeliConfig(**neli_kwargs),
             deployment=self.deployment,
-            ledger_topic=self.ledger_topic or f"{self.namespace}.ledger",
+            namespace=self.namespace,
+            ledger_topic=self.ledger_topic,
             handoff_timeout=self.handoff_timeout,
             acquire_timeout=self.acquire_timeout,
             max_attempts=self.max_attempts,

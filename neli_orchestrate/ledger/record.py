@@ -38,6 +38,11 @@ class RunState(StrEnum):
     COMPLETED = "COMPLETED"
     #: The work raised. Retried according to the decision policy.
     FAILED = "FAILED"
+    #: An operator reset a finished run (``Singleton.reset``, audited with a reason): the
+    #: decision table treats it as no record, so the next leader runs it again, attempt 1.
+    #: It carries a new token like a claim, so tokens keep growing. Readers before this state
+    #: existed treat it as an unreadable record: upgrade every deployment before resetting.
+    RESET = "RESET"
 
 
 # Legal moves of one claim (same token). A new claim (new token) may follow any state; that is
@@ -48,6 +53,7 @@ _TRANSITIONS: Mapping[RunState, frozenset[RunState]] = MappingProxyType(
         RunState.RUNNING: frozenset({RunState.COMPLETED, RunState.FAILED}),
         RunState.COMPLETED: frozenset(),
         RunState.FAILED: frozenset(),
+        RunState.RESET: frozenset(),
     }
 )
 

@@ -72,12 +72,11 @@ def test_step_paused_past_the_session_is_fenced_and_its_spark_job_cancelled(
                 SingletonConfig(
                     neli=NeliConfig(
                         bootstrap_servers=kafka_broker,
-                        group_id=namespace,
                         profile="fast",
                         session_timeout=SESSION_TIMEOUT,
                     ),
                     deployment="west",
-                    ledger_topic=f"{namespace}.ledger",
+                    namespace=namespace,
                     acquire_timeout=60.0,
                     handoff_timeout=30.0,
                 )

@@ -26,7 +26,8 @@ DAYS = dg.DailyPartitionsDefinition(start_date="2013-01-01", end_date="2014-01-0
 
 
 def _resource(**overrides: Any) -> NeliResource:
-    fields: dict[str, Any] = {"bootstrap_servers": "127.0.0.1:1", "deployment": "east"}
+    fields: dict[str, Any] = {"bootstrap_servers": "127.0.0.1:1", "deployment": "east",
+                              "namespace": "acme"}
     fields.update(overrides)
     return NeliResource(**fields)
 
@@ -195,9 +196,9 @@ def test_configuration_reaches_the_singleton_with_secrets_from_the_environment(
     assert nightly.execute_in_process(resources={"neli": resource}).success
     config = captured["config"]
     assert config.deployment == "eu-1"
-    assert config.ledger_topic == "acme.analytics.ledger"
+    assert config.ledger_config().topic == "acme.analytics.ledger"
     assert (config.handoff_timeout, config.acquire_timeout, config.max_attempts) == (120.0, 20.0, 3)
-    assert config.neli.group_id == "acme.analytics"
+    assert config.role_neli("export").resolved.group_id == "acme.analytics.export"
     assert config.neli.resolved.session_timeout == 6.0
     assert config.neli.kafka_config["sasl.password"] == "s3cret"
     assert "s3cret" not in repr(config.neli)

@@ -208,10 +208,11 @@ def test_a_writer_fenced_by_a_newer_leader_cannot_write_from_another_process(env
 def test_role_members_counts_contenders_without_joining(env) -> None:
     from neli_orchestrate import Neli, NeliConfig, Singleton, SingletonConfig
 
-    neli = NeliConfig(bootstrap_servers=env["bootstrap"], group_id=env["namespace"],
+    neli = NeliConfig(bootstrap_servers=env["bootstrap"],
                       profile="fast", session_timeout=6.0, heartbeat_timeout=2.0,
                       group_protocol="consumer")
-    singleton = Singleton(SingletonConfig(neli=neli, deployment="us-east-1"))
+    singleton = Singleton(SingletonConfig(neli=neli, namespace=env["namespace"],
+                                          deployment="us-east-1"))
     assert singleton.role_members("observed") == 0
     member = Neli(singleton.config.role_neli("observed"))
     try:

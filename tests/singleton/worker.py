@@ -3,6 +3,7 @@
     python worker.py many   '<json>'   # claim many (role, run key) pairs, record executions
     python worker.py hold   '<json>'   # claim one run, hold the work until a "go" file appears
     python worker.py zombie '<json>'   # raw ledger writer: RUNNING, then COMPLETED on "go"
+    python worker.py execute '<json>'  # Singleton.execute(token): cancellable work until "go"
 
 Each mode appends what happened to files named in the JSON, one line per fact, so the test
 can assert on executions, tokens and errors after the fact (even after kill -9).
@@ -34,9 +35,10 @@ TIMINGS = {"profile": "fast", "session_timeout": 6.0, "heartbeat_timeout": 2.0,
 
 def config(args: dict) -> SingletonConfig:  # type: ignore[type-arg]
     timings = {**TIMINGS, **args.get("timings", {})}
-    neli = NeliConfig(bootstrap_servers=args["bootstrap"], group_id=args["namespace"], **timings)
-    return SingletonConfig(neli=neli, deployment=args["deployment"],
-                           ledger_topic=args["ledger_topic"], acquire_timeout=30.0,
+    neli = NeliConfig(bootstrap_servers=args["bootstrap"], **timings)
+    return SingletonConfig(neli=neli, namespace=args["namespace"], deployment=args["deployment"],
+                           ledger_topic=args["ledger_topic"],
+                           acquire_timeout=args.get("acquire_timeout", 30.0),
                            handoff_timeout=30.0)
 
 
@@ -159,8 +161,31 @@ def zombie(args: dict) -> int:  # type: ignore[type-arg]
     return 0
 
 
+def execute(args: dict) -> int:  # type: ignore[type-arg]
+    """One executor try with the gate's token; the work checks for a fence while it waits."""
+    status, go = args["status"], Path(args["go"])
+    singleton = Singleton(config(args))
+
+    def work(run) -> None:  # type: ignore[no-untyped-def]
+        append(status, f"started {run.token}")
+        deadline = time.monotonic() + 120
+        while not go.exists():
+            run.check()  # cancellable work: stops at the fence
+            if time.monotonic() > deadline:
+                raise TimeoutError("no go")
+            time.sleep(0.02)
+
+    try:
+        singleton.execute(args["role"], args["run_key"], args["token"], work)
+    except FencedError as exc:
+        append(status, f"fenced {exc}")
+        return 3
+    append(status, "completed")
+    return 0
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(threadName)s %(name)s: %(message)s")
     mode, payload = sys.argv[1], json.loads(sys.argv[2])
-    sys.exit({"many": many, "hold": hold, "zombie": zombie}[mode](payload))
+    sys.exit({"many": many, "hold": hold, "zombie": zombie, "execute": execute}[mode](payload))
