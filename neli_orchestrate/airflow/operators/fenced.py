@@ -408,6 +408,7 @@ def fence_downstream(dag: Any) -> None:
     scheduler never runs it), a task behind two gates, an explicitly fenced task that is not a
     direct child of a gate.
     """
+    task: Any
     for task in dag.tasks:
         if is_gate(task):
             _fence_child_of(task)
@@ -533,7 +534,7 @@ class FencedExecutionMixin:
             acquire_timeout: float | None = None,
             **kw: Any,
         ) -> None:
-            super(cls, self).__init__(
+            super(cls, self).__init__(  # type: ignore[call-arg]  # the operator after the mixin
                 *args,
                 gate_task_id=gate_task_id,
                 neli_conn_id=neli_conn_id,
