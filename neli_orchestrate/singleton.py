@@ -858,7 +858,4 @@ class Singleton:
 
 
 def _describe(record: LedgerRecord | None) -> str:
-    if record is None:
-        return "none"
-    return (f"{record.state} by {record.deployment}/{record.member} with token {record.token}"
-            f" at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(record.at))}")
+    return "none" if record is None else record.describe()
