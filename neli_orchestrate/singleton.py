@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
+from neli_orchestrate.core.kafka import is_authorization_error
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
@@ -51,6 +52,7 @@ from neli_orchestrate.decision import (
 )
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
+    AuthorizationError,
     ConfigError,
     FencedError,
     KafkaUnavailableError,
@@ -452,6 +454,10 @@ class Singleton:
             futures = admin.describe_consumer_groups([group], request_timeout=timeout)
             description = futures[group].result(timeout=timeout + 5)
         except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            if is_authorization_error(exc):
+                raise AuthorizationError(
+                    f"describing consumer group {group!r} was denied ({exc}): grant READ (or"
+                    f" DESCRIBE) on it; docs/security.md lists every ACL") from exc
             raise KafkaUnavailableError(
                 f"cannot describe consumer group {group!r} at {neli.bootstrap_servers}: {exc}"
             ) from exc
@@ -852,7 +858,4 @@ class Singleton:
 
 
 def _describe(record: LedgerRecord | None) -> str:
-    if record is None:
-        return "none"
-    return (f"{record.state} by {record.deployment}/{record.member} with token {record.token}"
-            f" at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(record.at))}")
+    return "none" if record is None else record.describe()

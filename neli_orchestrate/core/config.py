@@ -180,6 +180,7 @@ class ResolvedConfig:
     apply_group_config: bool
     request_timeout: float
     kafka_config: Mapping[str, Any]
+    release_hints: bool = True
 
     @property
     def grace_period(self) -> float:
@@ -230,6 +231,11 @@ class NeliConfig:
     clock_error: float | None = None
     apply_group_config: bool = True
     request_timeout: float = 10.0
+    release_hints: bool = True
+    """Fast NELI: a closing leader writes a release hint after leaving the group, and
+    followers that read it ask the coordinator for their assignment at once (a graceful
+    hand-over then takes milliseconds whatever the group heartbeat interval). A hint is only
+    a nudge; leadership still needs the assignment and the member's own heartbeat."""
 
     def __post_init__(self) -> None:
         # Freeze the mappings so a caller's later edits cannot change a validated config.
@@ -390,7 +396,7 @@ def _resolve(c: NeliConfig) -> ResolvedConfig:
                           if c.fetch_wait_max is not None
                           else min(p.fetch_wait_max, hb_timeout / 4))
     request_timeout = _seconds("request_timeout", c.request_timeout)
-    for flag in ("create_topic", "apply_group_config"):
+    for flag in ("create_topic", "apply_group_config", "release_hints"):
         if not isinstance(getattr(c, flag), bool):
             raise ConfigError(f"NeliConfig.{flag} must be True or False")
 
@@ -473,6 +479,7 @@ def _resolve(c: NeliConfig) -> ResolvedConfig:
         apply_group_config=c.apply_group_config,
         request_timeout=request_timeout,
         kafka_config=c.kafka_config,
+        release_hints=c.release_hints and c.mode == "fast",
     )
 
 

@@ -102,7 +102,11 @@ def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, fl
         GROUP_HEARTBEAT_KEY: str(max(1, round(r.group_heartbeat_interval * 1000))),
     }
     applied = False
-    if r.apply_group_config:
+    current = admin.group_config(r.group_id, r.request_timeout)
+    # Every member of the group writes the same values: only the first needs to. Reading is
+    # one round trip to a broker; a change goes through the controller (slower start).
+    already = bool(current) and all(current.get(k) == v for k, v in wanted.items())
+    if r.apply_group_config and not already:
         try:
             admin.alter_group_config(r.group_id, wanted, r.request_timeout)
             applied = True
@@ -111,7 +115,7 @@ def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, fl
         except KafkaUnavailableError as exc:
             log.warning("could not set the session and heartbeat of group %r (%s); the "
                         "broker's values apply", r.group_id, exc)
-    current = admin.group_config(r.group_id, r.request_timeout)
+        current = admin.group_config(r.group_id, r.request_timeout)
     # Dynamic configs travel through the controller's metadata log: the broker may show the
     # old values for a moment after an accepted change. Wait for ours to become visible.
     deadline = time.monotonic() + r.request_timeout
