@@ -1,8 +1,9 @@
 """The narrow seam between the NELI protocol and Kafka, and its confluent-kafka implementation.
 
 The protocol talks to Kafka only through the small :class:`typing.Protocol` classes here:
-a :class:`GroupConsumer` (subscribe, poll, commit, close), a :class:`HeartbeatProducer`
-(send, poll, flush) and a :class:`LeaderTopicAdmin` (topic and group settings). Tests inject
+a :class:`GroupConsumer` (subscribe, poll, commit, rejoin, close), a :class:`HeartbeatProducer`
+(send, poll, flush), a :class:`LeaderTopicWatcher` (reads partitions outside the group, for
+release hints) and a :class:`LeaderTopicAdmin` (topic and group settings). Tests inject
 fakes through :class:`KafkaClients`; production uses :class:`ConfluentKafka`.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +21,7 @@ from neli_orchestrate.errors import (
     KafkaUnavailableError,
     NeliError,
     PermanentKafkaError,
+    SessionTimeoutRejectedError,
 )
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ __all__ = [
     "HeartbeatProducer",
     "KafkaClients",
     "LeaderTopicAdmin",
+    "LeaderTopicWatcher",
     "OFFSET_END",
     "OFFSET_STORED",
     "PollResult",
@@ -42,6 +46,7 @@ __all__ = [
     "is_authorization_error",
     "consumer_settings",
     "producer_settings",
+    "watcher_settings",
 ]
 
 log = logging.getLogger(__name__)
@@ -118,9 +123,35 @@ class GroupConsumer(Protocol):
         """Commit ``{partition: offset}`` asynchronously; the result reaches ``on_commit``."""
         ...
 
+    def rejoin(self) -> None:
+        """Ask the group coordinator for this member's assignment now, not at the next heartbeat.
+
+        A nudge only: whatever the coordinator answers arrives through the listener as usual.
+        Called on the polling thread, never from inside a listener callback.
+        """
+        ...
+
     def close(self) -> None:
         """Revoke (``on_revoke``), leave the group at once and release resources."""
         ...
+
+
+class LeaderTopicWatcher(Protocol):
+    """Reads chosen leader-topic partitions from their end, outside the group (no membership).
+
+    Followers use it to see release hints on the partitions of their roles as soon as they are
+    written (a long-poll fetch: the broker answers when a record arrives).
+    """
+
+    def watch(self, partitions: Sequence[int]) -> None:
+        """Read exactly these partitions from now on (from their end); [] stops reading."""
+        ...
+
+    def poll(self, timeout: float) -> PollResult:
+        """Return one record, a fault, or None after ``timeout`` seconds."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class HeartbeatProducer(Protocol):
@@ -168,6 +199,11 @@ class LeaderTopicAdmin(Protocol):
         """Set dynamic group settings (KIP-848 groups). Raises KafkaUnavailableError."""
         ...
 
+    def broker_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        """The settings of a broker of the cluster (group protocol and limits), or None if they
+        cannot be read (not allowed, or an old broker)."""
+        ...
+
     def group_config(self, group_id: str, timeout: float) -> Mapping[str, str] | None:
         """Return the group's dynamic settings, or None if they cannot be read."""
         ...
@@ -183,6 +219,8 @@ class KafkaClients(Protocol):
     def consumer(self, settings: Mapping[str, Any], topic: str) -> GroupConsumer: ...
 
     def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer: ...
+
+    def watcher(self, settings: Mapping[str, Any], topic: str) -> LeaderTopicWatcher: ...
 
 
 # -- denied ACLs ---------------------------------------------------------------------------------
@@ -227,7 +265,9 @@ def _common(r: ResolvedConfig) -> dict[str, Any]:
 
 
 def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
-    """The consumer's librdkafka settings for a resolved config."""
+    """The consumer's librdkafka settings for a resolved config (group protocol chosen)."""
+    if r.group_protocol not in ("classic", "consumer"):
+        raise ValueError("choose the group protocol first (topic.resolve_protocol)")
     settings = _common(r)
     settings.update({
         "group.id": r.group_id,
@@ -246,11 +286,13 @@ def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
             "heartbeat.interval.ms": _ms(r.group_heartbeat_interval),
             # librdkafka sends a classic-group heartbeat only when its main thread wakes up
             # (timers or requests), in practice every 0.5-1 s for an idle follower: too late
-            # for short sessions, and it delays hand-overs. The auto-commit timer wakes it
-            # often enough; with enable.auto.offset.store=false nothing is ever stored, so
-            # the timer commits nothing (librdkafka skips empty auto-commits silently).
+            # for short sessions. The auto-commit timer wakes it every half heartbeat interval,
+            # so heartbeats go out at most that late; with enable.auto.offset.store=false
+            # nothing is ever stored, so the timer commits nothing (librdkafka skips empty
+            # auto-commits silently). Hand-overs do not depend on it (release hints); a
+            # shorter timer only burns CPU in every waiting member.
             "enable.auto.commit": True,
-            "auto.commit.interval.ms": _ms(min(r.group_heartbeat_interval / 5, 0.01)),
+            "auto.commit.interval.ms": _ms(r.group_heartbeat_interval / 2),
         })
     else:
         # KIP-848: session and heartbeat are group settings on the broker (see topic.py)
@@ -274,6 +316,24 @@ def producer_settings(r: ResolvedConfig) -> dict[str, Any]:
     return settings
 
 
+def watcher_settings(r: ResolvedConfig) -> dict[str, Any]:
+    """The hint watcher's librdkafka settings: a group-less consumer that long-polls."""
+    settings = _common(r)
+    settings.update({
+        "client.id": f"neli-{r.name}-watch",
+        # librdkafka wants a group id even for assign(); this one never joins or commits
+        "group.id": f"{r.group_id}.watch",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "latest",
+        "enable.partition.eof": False,
+        # the broker holds the fetch until a record arrives: the wait costs nothing in
+        # latency, a long one saves wake-ups of an idle follower
+        "fetch.wait.max.ms": 1000,
+    })
+    return settings
+
+
 def admin_settings(r: ResolvedConfig) -> dict[str, Any]:
     """The admin client's librdkafka settings for a resolved config."""
     return _common(r)
@@ -288,22 +348,44 @@ def _error_name(err: Any) -> str:
         return str(err)
 
 
+def _code(exc: BaseException) -> str:
+    """The Kafka error name inside a KafkaException ("" if there is none)."""
+    args = getattr(exc, "args", ())
+    return _error_name(args[0]) if args and hasattr(args[0], "name") else ""
+
+
 class _ConfluentConsumer:
     def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
         from confluent_kafka import Consumer
 
         self._topic = topic
         self._listener: RebalanceListener | None = None
+        self._classic = settings.get("group.protocol", "classic") == "classic"
+        # the same topic, spelt as an anchored regex (librdkafka: '^' starts a regex)
+        self._alias = "^" + topic.replace(".", "[.]") + "$"
+        self._aliased = False
         conf = dict(settings)
         conf["on_commit"] = self._on_commit
         self._consumer = Consumer(conf)
 
     def subscribe(self, listener: RebalanceListener) -> None:
         self._listener = listener
-        self._consumer.subscribe(
-            [self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._subscribe([self._topic])
+
+    def _subscribe(self, topics: list[str]) -> None:
+        self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
+
+    def rejoin(self) -> None:
+        if not self._classic:
+            # KIP-848: a subscribe call makes librdkafka send its next heartbeat at once
+            self._subscribe([self._topic])
+            return
+        # Classic: librdkafka ignores a subscribe with an unchanged topic list, but rejoins at
+        # once when the list changes. Alternate between two spellings of the same topic: the
+        # member subscribes to exactly one topic either way, only the JoinGroup is sent now.
+        self._aliased = not self._aliased
+        self._subscribe([self._topic, self._alias] if self._aliased else [self._topic])
 
     def _tps(self, partitions: Sequence[int], starts: Mapping[int, int] | None = None) -> list[Any]:
         from confluent_kafka import OFFSET_INVALID, TopicPartition
@@ -369,6 +451,34 @@ class _ConfluentConsumer:
 
         tps = [TopicPartition(self._topic, p, o) for p, o in offsets.items()]
         self._consumer.commit(offsets=tps, asynchronous=True)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class _ConfluentWatcher:
+    def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
+        from confluent_kafka import Consumer
+
+        self._topic = topic
+        self._consumer = Consumer(dict(settings))
+
+    def watch(self, partitions: Sequence[int]) -> None:
+        from confluent_kafka import OFFSET_END as END
+        from confluent_kafka import TopicPartition
+
+        self._consumer.assign([TopicPartition(self._topic, p, END) for p in partitions])
+
+    def poll(self, timeout: float) -> PollResult:
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return None
+        err = msg.error()
+        if err is not None:
+            return ConsumerFault(code=_error_name(err), message=str(err.str()),
+                                 fatal=bool(err.fatal()))
+        return Record(partition=msg.partition(), offset=msg.offset(), key=msg.key(),
+                      value=msg.value(), timestamp_ms=None, log_append_time=False)
 
     def close(self) -> None:
         self._consumer.close()
@@ -552,6 +662,15 @@ class _ConfluentAdmin:
                 f"NeliConfig.apply_group_config=False")
             if isinstance(error, AuthorizationError):
                 raise error from exc
+            if _code(exc) in ("INVALID_CONFIG", "INVALID_REQUEST"):
+                # The broker validated and refused the values (outside its group.consumer.*
+                # limits): a setup fault that no wait or retry cures.
+                raise SessionTimeoutRejectedError(
+                    f"the broker refuses {dict(settings)} for consumer group {group_id!r}: "
+                    f"{exc}; choose a session timeout and group heartbeat within the broker's "
+                    f"group.consumer.min/max.session.timeout.ms and "
+                    f"group.consumer.min/max.heartbeat.interval.ms"
+                ) from exc
             raise KafkaUnavailableError(
                 f"setting {dict(settings)} on consumer group {group_id!r} failed: {exc}"
             ) from exc
@@ -560,6 +679,31 @@ class _ConfluentAdmin:
         from confluent_kafka.admin import ResourceType
 
         return self._describe(ResourceType.GROUP, group_id, timeout)
+
+    # Broker settings are static for a process's life in practice: read once per cluster.
+    _broker_configs: dict[str, Mapping[str, str]] = {}
+    _broker_lock = threading.Lock()
+
+    def broker_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        from confluent_kafka.admin import ResourceType
+
+        key = str(self._servers)
+        with self._broker_lock:
+            known = self._broker_configs.get(key)
+        if known is not None:
+            return known
+        try:
+            brokers = sorted(self._admin.list_topics(topic=topic, timeout=timeout).brokers)
+        except Exception:  # noqa: BLE001 - the topic checks report an unreachable cluster
+            log.debug("listing the brokers failed", exc_info=True)
+            return None
+        if not brokers:
+            return None
+        settings = self._describe(ResourceType.BROKER, str(brokers[0]), timeout)
+        if settings is not None:
+            with self._broker_lock:
+                self._broker_configs[key] = settings
+        return settings
 
     def close(self) -> None:
         # AdminClient has no close(); dropping the reference destroys the handle
@@ -577,6 +721,9 @@ class ConfluentKafka:
 
     def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer:
         return _ConfluentProducer(settings, topic)
+
+    def watcher(self, settings: Mapping[str, Any], topic: str) -> LeaderTopicWatcher:
+        return _ConfluentWatcher(settings, topic)
 
     def __repr__(self) -> str:
         return "ConfluentKafka()"

@@ -19,6 +19,7 @@ from neli_orchestrate.errors import (
     ConfigError,
     FencedError,
     KafkaUnavailableError,
+    TopicMismatchError,
 )
 from neli_orchestrate.ledger.record import (
     DEFAULT_LEDGER_TOPIC,
@@ -189,7 +190,7 @@ class KafkaLedger:
         partitions = self._topic_partitions(admin)
         if partitions is None:
             if not self.config.create_topic:
-                raise KafkaUnavailableError(
+                raise TopicMismatchError(
                     f"ledger topic {self.config.topic!r} does not exist and create_topic=False;"
                     f" create it with cleanup.policy=compact and {self.config.partitions}"
                     " partition(s)"
@@ -197,7 +198,7 @@ class KafkaLedger:
             self._create_topic(admin)
             partitions = self.config.partitions
         elif partitions != self.config.partitions:
-            raise ConfigError(
+            raise TopicMismatchError(
                 f"ledger topic {self.config.topic!r} has {partitions} partitions but the config"
                 f" says partitions={self.config.partitions}; roles map to partitions by"
                 " crc32(role) % partitions, so set partitions to the topic's count (never add"
@@ -295,7 +296,7 @@ class KafkaLedger:
         entry = configs.get("cleanup.policy")
         policy = entry.value if entry is not None else None
         if policy is not None and "compact" not in policy.split(","):
-            raise ConfigError(
+            raise TopicMismatchError(
                 f"ledger topic {self.config.topic!r} has cleanup.policy={policy}; it must be"
                 " 'compact', or completed runs are deleted by retention and would run again"
             )

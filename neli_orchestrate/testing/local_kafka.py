@@ -69,6 +69,17 @@ FAST_TEST_PROPERTIES: Mapping[str, str] = {
 }
 
 
+class _Demoted(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """librdkafka logger for the readiness probes: refused connections and coordinator-loading
+    retries are expected while the broker starts, so every line is logged at DEBUG."""
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+        self.logger.debug(msg, *args)
+
+
+_probe_log = _Demoted(logging.getLogger(__name__ + ".probe"), {})
+
+
 class LocalKafkaError(NeliError):
     """The local broker could not be obtained or started; the message carries the log tail."""
 
@@ -330,7 +341,7 @@ class LocalKafka:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         assert self.process is not None
-        conf = {**self.client_settings(), "socket.timeout.ms": 2000}
+        conf = {**self.client_settings(), "socket.timeout.ms": 2000, "logger": _probe_log}
         topic = f"__neli_ready_{uuid.uuid4().hex[:8]}"
         last_error = "no answer"
         admin = AdminClient(conf)

@@ -20,6 +20,7 @@ named real component).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -30,6 +31,9 @@ import pytest
 from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
 
 BOOTSTRAP_ENV = "NELI_TEST_BOOTSTRAP_SERVERS"
+
+# the fixtures' clients log through Python logging, never raw to stderr
+_librdkafka_log = logging.getLogger("neli_orchestrate.testing.librdkafka")
 
 NewTopicFactory = Callable[..., str]
 
@@ -47,7 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _check_reachable(bootstrap: str) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000,
+                         "logger": _librdkafka_log})
     try:
         admin.list_topics(timeout=10)
     except Exception as exc:  # noqa: BLE001
@@ -82,7 +87,7 @@ def kafka_admin(kafka_broker: str):  # type: ignore[no-untyped-def]
     """An AdminClient connected to ``kafka_broker``."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": kafka_broker})
+    return AdminClient({"bootstrap.servers": kafka_broker, "logger": _librdkafka_log})
 
 
 @pytest.fixture
