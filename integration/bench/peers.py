@@ -445,8 +445,15 @@ class Runner:
             wait_for(f"{self.leader.name} to lead", self.leader.leading)
         follower = self.spawn()
         time.sleep(self.peer.settle)
-        if not self.leader.leading() or follower.leading():
-            raise RuntimeError(f"{self.peer.key}: leadership moved while a follower joined")
+        # goNELI's eager assignor revokes on every join and may hand the role to the newcomer:
+        # whoever leads once the group has settled is the leader of the trial.
+        leader = wait_for(f"{self.peer.key}: one leader after a join", lambda: [
+            m for m in (self.leader, follower) if m.leading()])
+        if len(leader) != 1:
+            raise RuntimeError(f"{self.peer.key}: two leaders after a join")
+        if leader[0] is follower:
+            follower, self.leader = self.leader, follower
+            time.sleep(self.peer.settle)
         return self.leader, follower
 
     def graceful(self) -> None:
