@@ -439,10 +439,12 @@ class Neli:
     def close(self) -> None:
         """Hand leadership over and leave the group at once; idempotent, any thread.
 
-        Runs the revoke barrier (``LeaderRevoked``) for every role led, then leaves the group
-        so that a successor is assigned immediately (no static membership, no session wait).
-        Waits for a pulse in progress on another thread (at most about 0.1 s, plus a barrier
-        that is running). Must not be called from inside the barrier.
+        Runs the revoke barrier (``LeaderRevoked``) for every role led, writes a release hint
+        (followers then ask for the partition at once) and leaves the group, so that a
+        successor is assigned within milliseconds (no static membership, no session wait,
+        no wait for the successor's group heartbeat). A pulse in progress on another thread is
+        woken with an extra own heartbeat; close waits for it (and for a running barrier).
+        Must not be called from inside the barrier.
         """
         self._refuse_in_barrier("close()")
         self._closing.set()
