@@ -223,6 +223,7 @@ class Neli:
         self._watched: tuple[int, ...] = ()
         self._seen: dict[int, float] = {}      # watched partition -> when a record was read
         self._retry_nudge: float | None = None
+        self._watch_started = False
         self._nudge_plan: list[float] = []
         self._silence_seen: dict[int, float] = {}  # partition -> last record already acted on
         self._hinted: set[int] = set()          # partitions whose release hint is written
@@ -258,8 +259,8 @@ class Neli:
             self._producer = clients.producer(producer_settings(r), r.topic)
             self._consumer = clients.consumer(consumer_settings(r), r.topic)
             if r.release_hints:
+                # positioned at the first pulse: nothing is read before, and start stays short
                 self._watcher = clients.watcher(watcher_settings(r), r.topic)
-                self._rewatch()
             self._consumer.subscribe(_Listener(self))
         except Exception as exc:
             self._release_clients()
@@ -384,6 +385,9 @@ class Neli:
             if self._closing.is_set():
                 return False
             self._raise_if_fatal()
+            if self._watcher is not None and not self._watched and not self._watch_started:
+                self._watch_started = True
+                self._rewatch()
             clock = self._clock
             start = clock.monotonic()
             if timeout == 0 and start - self._last_poll < self._r.min_poll_interval:

@@ -108,6 +108,8 @@ def test_follower_watches_exactly_the_role_partitions_it_does_not_own() -> None:
     cluster = FakeCluster(clock=FakeClock(), partitions=2)
     b, _ = member(cluster, "B", roles=(0, 1))
     watcher = cluster.watchers[-1]
+    assert watcher.history == [], "nothing is read before the first pulse"
+    b.pulse(0.01)
     assert watcher.history[-1] == [0, 1]
     cluster.consumer.assign(1)
     b.pulse(0.2)
