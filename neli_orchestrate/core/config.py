@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 Mode = Literal["fast", "full"]
-GroupProtocol = Literal["classic", "consumer"]
+#: ``"auto"`` (the default) chooses at start-up: KIP-848 when the broker supports it and accepts
+#: the session timeout, else classic (:func:`neli_orchestrate.core.topic.choose_group_protocol`).
+GroupProtocol = Literal["auto", "classic", "consumer"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ PROTECTED_KAFKA_SETTINGS: Mapping[str, str] = MappingProxyType({
         "static membership sends no LeaveGroup on close, so a graceful hand-over would wait "
         "for the session timeout"
     ),
-    "group.protocol": "set NeliConfig.group_protocol ('classic' or 'consumer') instead",
+    "group.protocol": "set NeliConfig.group_protocol ('auto', 'classic' or 'consumer') instead",
     "partition.assignment.strategy": (
         "set NeliConfig.assignor instead (eager assignors revoke the leader on every join)"
     ),
@@ -218,7 +220,7 @@ class NeliConfig:
     partitions: int | None = None
     create_topic: bool = True
     topic_config: Mapping[str, str] = field(default_factory=dict, hash=False)
-    group_protocol: GroupProtocol = "classic"
+    group_protocol: GroupProtocol = "auto"
     assignor: str | None = None
     session_timeout: float | None = None
     group_heartbeat_interval: float | None = None
@@ -341,10 +343,10 @@ def _resolve(c: NeliConfig) -> ResolvedConfig:
             "non-exclusive leadership (overlap allowed, never zero leaders) is Full NELI"
         )
 
-    if c.group_protocol not in ("classic", "consumer"):
+    if c.group_protocol not in ("auto", "classic", "consumer"):
         raise ConfigError(
-            f"NeliConfig.group_protocol={c.group_protocol!r} must be 'classic' or 'consumer' "
-            f"(KIP-848)"
+            f"NeliConfig.group_protocol={c.group_protocol!r} must be 'auto' (KIP-848 when the "
+            f"broker supports it), 'classic' or 'consumer' (KIP-848)"
         )
     assignor = _resolve_assignor(c.group_protocol, c.assignor)
 
@@ -482,6 +484,13 @@ def _resolve(c: NeliConfig) -> ResolvedConfig:
 
 
 def _resolve_assignor(protocol: str, assignor: str | None) -> str | None:
+    if protocol == "auto":
+        if assignor is not None:
+            raise ConfigError(
+                f"NeliConfig.assignor={assignor!r} depends on the group protocol: set "
+                f"group_protocol='classic' or 'consumer' explicitly to choose an assignor"
+            )
+        return None
     if protocol == "classic":
         if assignor is None:
             return "cooperative-sticky"

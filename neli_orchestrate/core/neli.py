@@ -59,6 +59,7 @@ from neli_orchestrate.core.kafka import (
     LeaderTopicWatcher,
     Record,
     admin_settings,
+    authorization_denied,
     consumer_settings,
     producer_settings,
     watcher_settings,
@@ -66,8 +67,14 @@ from neli_orchestrate.core.kafka import (
 from neli_orchestrate.core.pulser import Pulser
 from neli_orchestrate.core.roles import Role
 from neli_orchestrate.core.state import LeadershipState
-from neli_orchestrate.core.topic import prepare_group, prepare_leader_topic
-from neli_orchestrate.errors import ConfigError, KafkaUnavailableError, NeliError
+from neli_orchestrate.core.topic import prepare_group, prepare_leader_topic, resolve_protocol
+from neli_orchestrate.errors import (
+    AuthorizationError,
+    ConfigError,
+    KafkaUnavailableError,
+    NeliError,
+    SessionTimeoutRejectedError,
+)
 
 __all__ = ["FastNeliState", "Neli", "NeliLike"]
 
@@ -240,6 +247,7 @@ class Neli:
             ) from exc
         try:
             self._partitions = prepare_leader_topic(admin, r)
+            r = self._r = resolve_protocol(admin.broker_config(r.topic, r.request_timeout), r)
             prepare_group(admin, r)
         finally:
             admin.close()
@@ -681,10 +689,19 @@ class Neli:
         if isinstance(result, Record):
             self._state.record(result, now, wall)
             return
-        if result.code == MAX_POLL_EXCEEDED:
+        if authorization_denied(result.code, result.message):
+            self._fail(self._denied(result.code, result.message))
+        elif result.code == MAX_POLL_EXCEEDED:
             log.error("member %s did not pulse within max_poll_interval=%g s and left the "
                       "group: fencing every role", self._member_id, self._r.max_poll_interval)
             self._emit(self._state.lose_all(now, wall, REASON_MAX_POLL))
+        elif result.code == "INVALID_SESSION_TIMEOUT":
+            # The broker refuses our session on every join: the member would never lead, and
+            # callers would wait as if someone else did. Fail now, saying what to change.
+            self._fail(SessionTimeoutRejectedError(
+                f"the broker refuses session_timeout={self._r.session_timeout:g} s for group "
+                f"{self._r.group_id!r} ({result.message}); choose one within the broker's "
+                f"group.min.session.timeout.ms and group.max.session.timeout.ms"))
         elif result.fatal:
             self._fail(KafkaUnavailableError(
                 f"fatal Kafka error in member {self._member_id}: {result.code}: "
@@ -699,6 +716,13 @@ class Neli:
         log.error("%s", error)
         self._emit(self._state.lose_all(now, wall, REASON_FATAL))
         self._emit(self._state.close(now, wall, REASON_FATAL))
+
+    def _denied(self, code: str, message: str) -> AuthorizationError:
+        r = self._r
+        return AuthorizationError(
+            f"Kafka denied member {self._member_id} ({code}: {message}): its principal needs "
+            f"READ on consumer group {r.group_id!r} and READ and WRITE on leader topic "
+            f"{r.topic!r} (kafka-acls --add ...; docs/security.md lists every ACL)")
 
     def _raise_if_fatal(self) -> None:
         if self._fatal is not None:
@@ -727,7 +751,10 @@ class Neli:
 
     def _delivery_report(self, partition: int) -> Callable[[int | None, str | None], None]:
         def report(offset: int | None, error: str | None) -> None:
-            if error is not None:
+            if error is not None and authorization_denied(error):
+                if self._fatal is None:
+                    self._fail(self._denied(error, "heartbeat refused"))
+            elif error is not None:
                 self._warn_once(f"delivery:{error}", "heartbeat of member %s to partition %d "
                                 "not delivered: %s", self._member_id, partition, error)
         return report

@@ -38,6 +38,7 @@ class FakeCluster:
     unreachable: bool = False
     deny_create: bool = False
     group_settings: dict[str, str] | None = None
+    broker_settings: dict[str, str] | None = None  # None: not readable (old broker, no ACL)
     deny_group_alter: bool = False
     group_stale_reads: int = 0           # describes that still show the old group settings
     topic_invisible_reads: int = 0       # metadata reads that miss a just-created topic
@@ -121,6 +122,9 @@ class FakeAdmin:
         self.cluster.altered_groups.append(dict(settings))
         self._old_group_settings = dict(self.cluster.group_settings or {})
         self.cluster.group_settings = {**(self.cluster.group_settings or {}), **settings}
+
+    def broker_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        return self.cluster.broker_settings
 
     def group_config(self, group_id: str, timeout: float) -> Mapping[str, str] | None:
         if self.cluster.group_stale_reads > 0:
