@@ -650,24 +650,26 @@ class Neli:
                 self._nudge(now)
 
     def _check_silence(self, now: float) -> None:
-        """A watched partition went quiet: its leader died or stalls (no hint came).
+        """A watched partition went quiet: its leader died, stalls, or runs a long barrier.
 
         The coordinator hands the partition over only when the leader's session ends, at an
         instant this member cannot know exactly (about the leader's last record plus the
         session timeout). Learning of it at the next group heartbeat would add up to one
-        interval; instead: classic, rejoin once now (the join phase then completes the moment
-        the silent member is removed); KIP-848, heartbeat every 50 ms around the expected
-        deadline. Only nudges: the assignment still decides.
+        interval; KIP-848 members heartbeat every 50 ms around the expected deadline instead
+        (a heartbeat changes nothing at the coordinator, so this is safe whatever the leader
+        is doing). Classic members do nothing: a rejoin starts a rebalance, and a leader that
+        is quiet because its revoke barrier runs inside ``close()`` would then lose the
+        partition before its barrier returns (observed with librdkafka 2.16).
         """
+        if self._r.group_protocol == "classic":
+            return
         quiet = 2 * self._r.heartbeat_interval
         for p in self._watched:
             last = self._seen.get(p)
             if last is None or self._silence_seen.get(p) == last or now - last < quiet:
                 continue
             self._silence_seen[p] = last
-            if self._r.group_protocol == "classic":
-                self._nudge(now)
-            elif self._r.group_heartbeat_interval > 2 * _BURST_STEP:
+            if self._r.group_heartbeat_interval > 2 * _BURST_STEP:
                 first = last + self._r.session_timeout - self._r.group_heartbeat_interval
                 count = int((self._r.group_heartbeat_interval + quiet) / _BURST_STEP) + 1
                 self._plan_nudges([max(now, first + i * _BURST_STEP) for i in range(count)])

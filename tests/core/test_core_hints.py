@@ -216,16 +216,17 @@ def test_the_exclusivity_check_catches_a_member_that_trusts_hints() -> None:
 
 # -- a leader that goes quiet without a hint (crash, stall) ----------------------------------------
 
-def test_classic_follower_rejoins_once_when_the_leader_goes_quiet() -> None:
+def test_classic_follower_does_not_rejoin_when_the_leader_goes_quiet() -> None:
+    # A quiet leader may be running a long revoke barrier inside close(); a classic rejoin
+    # would start a rebalance that takes the partition away before the barrier returns.
     cluster, a, b = pair()
     consumer_b = consumer_of(cluster, 1)
-    for _ in range(10):          # the leader's heartbeats flow: nothing to do
+    for _ in range(10):
         a.pulse(0.02)
         b.pulse(0.02)
-    assert consumer_b.rejoins == 0
-    for _ in range(40):          # the leader stops (crash): one rejoin, however long it lasts
+    for _ in range(40):
         b.pulse(0.05)
-    assert consumer_b.rejoins == 1 and not b.is_leader
+    assert consumer_b.rejoins == 0 and not b.is_leader
 
 
 def test_kip_848_follower_heartbeats_around_the_quiet_leaders_session_deadline() -> None:
