@@ -36,15 +36,25 @@ def _cell(text: object) -> str:
 
 
 def _comments(cls: type) -> dict[str, str]:
-    """``#:`` comments directly above each field of ``cls``."""
+    """``#:`` comments above each field of ``cls``, or an attribute docstring below it."""
     found: dict[str, str] = {}
     pending: list[str] = []
-    for line in inspect.getsource(cls).splitlines():
+    previous: str | None = None  # the field just above, for an attribute docstring below it
+    lines = iter(inspect.getsource(cls).splitlines())
+    for line in lines:
         stripped = line.strip()
         if stripped.startswith("#:"):
             pending.append(stripped[2:].strip())
             continue
+        if previous and stripped.startswith('"""') and previous not in found:
+            text = [stripped[3:]]
+            while not text[-1].endswith('"""'):
+                text.append(next(lines).strip())
+            found[previous] = " ".join(text)[:-3].strip()
+            previous = None
+            continue
         match = _FIELD.match(line)
+        previous = match.group(1) if match else None
         if match and pending:
             found[match.group(1)] = " ".join(pending)
         pending = []

@@ -14,6 +14,9 @@ from neli_orchestrate import __version__
 PACKAGE_NAME = "neli-orchestrate"
 CONNECTION_TYPE = "neli"
 INTEGRATION = "NELI (Kafka leadership)"
+#: The provider's user guide; the same address as ``[project.urls] Documentation`` in
+#: pyproject.toml (tests/airflow/test_provider.py keeps them equal).
+DOCS_URL = "https://github.com/neli-orchestrate/neli-orchestrate/blob/main/docs/airflow.md"
 
 _STRING = {"type": ["string", "null"]}
 _NUMBER = {"type": ["number", "null"]}
@@ -128,7 +131,7 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [
             {
                 "integration-name": INTEGRATION,
-                "external-doc-url": "https://github.com/obsidiandynamics/goneli",
+                "external-doc-url": DOCS_URL,
                 "tags": ["protocol"],
             }
         ],
@@ -144,6 +147,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "neli_orchestrate.airflow.operators.gate",
                     "neli_orchestrate.airflow.operators.fenced",
+                    "neli_orchestrate.airflow.operators.spark_submit",
                 ],
             }
         ],

@@ -8,6 +8,7 @@ import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -155,6 +156,23 @@ class LedgerRecord:
         """True for ``COMPLETED``; whether a ``FAILED`` run is final depends on the policy."""
         return self.state is RunState.COMPLETED
 
+    def describe(self) -> str:
+        """One log line about this record: state, who, when, token, and why.
+
+        The one description every integration logs (gate, singleton, Dagster resource), e.g.
+        ``COMPLETED by deployment 'us-east-1' (member m1) at 2013-01-05T06:00:00Z with token
+        42``.
+        """
+        text = (
+            f"{self.state.value} by deployment {self.deployment!r} (member {self.member}) at "
+            f"{format_epoch(self.at)} with token {self.token}"
+        )
+        if self.state is RunState.CLAIMED and self.handoff_deadline is not None:
+            text += f", claim live until {format_epoch(self.handoff_deadline)}"
+        if self.reason:
+            text += f" (reason: {self.reason})"
+        return text
+
     def encode(self) -> bytes:
         """The record as the UTF-8 JSON value written to the ledger topic."""
         value: dict[str, Any] = {
@@ -215,6 +233,13 @@ class LedgerRecord:
             reason=reason,
             handoff_deadline=handoff_deadline,
         )
+
+
+def format_epoch(at: float | None) -> str:
+    """Render a ledger timestamp (epoch seconds) as ISO-8601 UTC, e.g. ``2013-01-05T06:00:00Z``."""
+    if at is None:
+        return "an unknown time"
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class MalformedRecordError(LedgerError, ValueError):

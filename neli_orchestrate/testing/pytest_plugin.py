@@ -8,6 +8,9 @@ Fixtures:
 - ``kafka_admin`` (session): a ``confluent_kafka.admin.AdminClient`` for that broker.
 - ``new_topic`` (function): ``new_topic(partitions=1, config=None) -> name`` creates a fresh,
   uniquely named topic.
+- ``secured_kafka`` (session): a :class:`~neli_orchestrate.testing.secured_kafka.SecuredLocalKafka`
+  (SASL/SCRAM, StandardAuthorizer, ACLs), started on first request only, so tests that do not
+  ask for it pay nothing. It fails, never skips, when the broker cannot start.
 
 Markers registered here: ``kafka``, ``spark``, ``airflow``, ``dagster`` (tests that need the
 named real component).
@@ -136,3 +139,20 @@ def new_topic(kafka_admin, request: pytest.FixtureRequest) -> NewTopicFactory:  
         return name
 
     return create
+
+
+@pytest.fixture(scope="session")
+def secured_kafka():  # type: ignore[no-untyped-def]
+    """A broker that authenticates (SASL/SCRAM) and authorizes (ACLs); started lazily."""
+    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
+
+    kafka = SecuredLocalKafka()
+    try:
+        kafka.start(timeout=180.0)  # SCRAM set-up adds work; shared CI machines are slow
+    except LocalKafkaError as exc:
+        kafka.stop()
+        pytest.fail(f"secured Kafka broker could not start: {exc}", pytrace=False)
+    try:
+        yield kafka
+    finally:
+        kafka.stop()

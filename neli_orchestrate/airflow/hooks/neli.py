@@ -162,7 +162,7 @@ def _kafka_config_extra(conn_id: str, value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"connection {conn_id!r}: extra 'kafka_config' is not valid JSON ({exc.msg}); "
                 'give a JSON object such as {"client.rack": "az1"}'
