@@ -184,8 +184,8 @@ def history(target: Target, role: str, run_key: str, as_json: bool) -> int:
               help="the deployment recorded as resetting it [env NELI_DEPLOYMENT]")
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
               show_default=True, help="timing profile of the role's group")
-@click.option("--group-protocol", type=click.Choice(["classic", "consumer"]), default="classic",
-              show_default=True, help="group protocol of the role's group")
+@click.option("--group-protocol", type=click.Choice(["auto", "classic", "consumer"]),
+              default="auto", show_default=True, help="group protocol of the role's group")
 @click.option("--acquire-timeout", type=float, default=60.0, show_default=True,
               help="seconds to wait to lead the role (only the leader writes the ledger)")
 @json_option

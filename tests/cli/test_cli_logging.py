@@ -1,0 +1,43 @@
+"""Logging stays clean: no `--- Logging error ---` at the end of a pytest run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+# What Airflow does on first import inside a test: bind a handler to the captured stdout. Then
+# something logs at interpreter exit (an atexit hook here; a daemon thread or a librdkafka
+# client destroyed at exit in the real suite).
+LATE_LOGGER = textwrap.dedent('''
+    import atexit
+    import logging
+    import sys
+
+
+    def test_configures_logging_while_captured():
+        root = logging.getLogger()
+        root.addHandler(logging.StreamHandler(sys.stdout))
+        root.setLevel(logging.INFO)
+        atexit.register(lambda: logging.getLogger("late").warning("logged at exit"))
+''')
+
+
+def _run_pytest(tmp_path, *extra: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_late.py").write_text(LATE_LOGGER)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *extra, str(tmp_path / "test_late.py")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def test_a_record_logged_at_exit_reaches_the_terminal_without_a_logging_error(tmp_path):
+    run = _run_pytest(tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "--- Logging error ---" not in run.stdout + run.stderr
+    assert "logged at exit" in run.stdout + run.stderr
+
+
+def test_without_the_plugin_the_same_run_shows_the_logging_error(tmp_path):
+    """The check above can fail: without neli_orchestrate's pytest plugin the error is back."""
+    run = _run_pytest(tmp_path, "-p", "no:neli_orchestrate")
+    assert "--- Logging error ---" in run.stdout + run.stderr
