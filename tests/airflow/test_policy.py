@@ -238,7 +238,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSingleton:
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_NELI_DEFAULT",
-        '{"conn_type": "neli", "host": "127.0.0.1:9", "extra": {"deployment": "us-east-1"}}',
+        '{"conn_type": "neli", "host": "127.0.0.1:9", '
+        '"extra": {"deployment": "us-east-1", "namespace": "acme"}}',
     )
     singleton = FakeSingleton()
     monkeypatch.setattr(NeliHook, "get_singleton", lambda self: singleton)
