@@ -55,9 +55,9 @@ class PermanentKafkaError(NeliError):
     """
 
 
-class TopicMismatchError(PermanentKafkaError):
-    """A topic is missing (and may not be created) or its partition count differs from the
-    configured one."""
+class TopicMismatchError(PermanentKafkaError, ConfigError):
+    """A topic and the configuration disagree: the topic is missing and may not be created, or
+    its partition count (or another setting the protocol needs) differs."""
 
 
 class SessionTimeoutRejectedError(PermanentKafkaError, ConfigError):

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
+from neli_orchestrate.core.kafka import is_authorization_error
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
@@ -51,6 +52,7 @@ from neli_orchestrate.decision import (
 )
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
+    AuthorizationError,
     ConfigError,
     FencedError,
     KafkaUnavailableError,
@@ -399,6 +401,7 @@ class Singleton:
         neli_factory: NeliFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        membership: Callable[[str], int] | None = None,
     ) -> None:
         self.config = config
         self._ledger = ledger
@@ -406,6 +409,12 @@ class Singleton:
         self._neli_factory: NeliFactory = neli_factory or Neli
         self._clock = clock
         self._wall = wall_clock
+        # How many members a consumer group has (by group id): the broker's answer, unless
+        # members are injected (tests, simulations): then groups count as idle unless the
+        # caller injects membership as well.
+        self._membership: Callable[[str], int] = membership or (
+            self._describe_members if neli_factory is None else (lambda group: 0))
+        self._admin: Any = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -425,22 +434,30 @@ class Singleton:
         """How many members contend for ``role`` right now; read-only (no join, no rebalance).
 
         Non-zero means some deployment leads the role or is trying to. Waiting callers (gates,
-        sensors) check this before :meth:`reserve` so that polling does not rebalance the
-        group the running leader is in. Raises :class:`KafkaUnavailableError` if the cluster
-        does not answer.
+        sensors) need not: :meth:`reserve`, :meth:`claim` and :meth:`leads` apply the busy-group
+        rule themselves. Raises :class:`KafkaUnavailableError` if the cluster does not answer.
         """
+        return self._membership(self.config.role_neli(role).resolved.group_id)
+
+    def _describe_members(self, group: str) -> int:
         from confluent_kafka.admin import AdminClient
 
-        neli = self.config.role_neli(role).resolved
-        group = neli.group_id
-        admin = AdminClient({**_client_settings(neli.kafka_config),
-                             "bootstrap.servers": neli.bootstrap_servers,
-                             "logger": logging.getLogger(__name__ + ".librdkafka")})
+        neli = self.config.neli.resolved
+        with self._ledger_lock:
+            if self._admin is None:
+                self._admin = AdminClient({**_client_settings(neli.kafka_config),
+                                           "bootstrap.servers": neli.bootstrap_servers,
+                                           "logger": logging.getLogger(__name__ + ".librdkafka")})
+            admin = self._admin
         timeout = neli.request_timeout
         try:
             futures = admin.describe_consumer_groups([group], request_timeout=timeout)
             description = futures[group].result(timeout=timeout + 5)
         except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            if is_authorization_error(exc):
+                raise AuthorizationError(
+                    f"describing consumer group {group!r} was denied ({exc}): grant READ (or"
+                    f" DESCRIBE) on it; docs/security.md lists every ACL") from exc
             raise KafkaUnavailableError(
                 f"cannot describe consumer group {group!r} at {neli.bootstrap_servers}: {exc}"
             ) from exc
@@ -468,9 +485,17 @@ class Singleton:
     def leads(self, role: str, timeout: float) -> bool:
         """True if this deployment's member became leader of ``role`` within ``timeout``.
 
+        False at once, without joining, while the role's group is busy (the busy-group rule,
+        see :meth:`reserve`).
+
         .. note:: Leadership ends when this returns (the member leaves the group); use it to
            wait for a region to be able to lead, not as a lock.
         """
+        members = self.role_members(role)
+        if members:
+            log.info("role %r is busy (%d member(s) lead or wait for it): not joining", role,
+                     members)
+            return False
         lead = _Leadership(self, role)
         try:
             return lead.acquire(timeout)
@@ -484,7 +509,12 @@ class Singleton:
         Inside the block run the work only if ``run.should_run``. Leaving the block normally
         records ``COMPLETED``; an exception records ``FAILED`` (and is re-raised); a fence
         raises :class:`FencedError` (nothing is recorded: the next leader takes over).
+        Follows the busy-group rule of :meth:`reserve`.
         """
+        busy = self._busy(role, run_key)
+        if busy is not None:
+            yield busy
+            return
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -516,7 +546,15 @@ class Singleton:
         Releases leadership before returning, so this deployment's executor (another process)
         can acquire it. ``WAIT`` means another deployment leads the role or holds a live claim:
         ask again later — never skip a run on WAIT.
+
+        The busy-group rule: while anyone leads the role or waits for it (its group has
+        members), this does not join the group — every join rebalances the group under the
+        running leader, and under classic groups may fence it. It reads the ledger instead:
+        ``SKIP_DONE`` (or ``GIVE_UP``) when the run key is finished, else ``WAIT``.
         """
+        busy = self._busy(role, run_key)
+        if busy is not None:
+            return self._reservation(busy)
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -770,6 +808,27 @@ class Singleton:
                 role=run.role, token=run.token) from exc
         log.info("role %r run %r %s (token %s)", run.role, run.run_key, record.state,
                  record.token)
+
+    def _busy(self, role: str, run_key: str) -> Run | None:
+        """The answer without joining when ``role``'s group is busy; None when it is idle."""
+        members = self.role_members(role)
+        if not members:
+            return None
+        latest = self.status(role, run_key)
+        decision = decide(latest, Claimant(self.config.deployment, "-"), now=self._wall(),
+                          policy=self.config.policy)
+        busy = f"role {role!r} is busy ({members} member(s) lead or wait for it): not joining"
+        if decision.outcome in (Outcome.SKIP_DONE, Outcome.GIVE_UP):
+            outcome, reason, until = decision.outcome, decision.reason, None
+        elif decision.outcome is Outcome.WAIT:
+            outcome, reason, until = Outcome.WAIT, f"{busy}; {decision.reason}", \
+                decision.wait_until
+        else:
+            outcome, reason, until = Outcome.WAIT, f"{busy}; latest record: {_describe(latest)}", \
+                None
+        log.info("role %r run %r: %s: %s", role, run_key, outcome, reason)
+        return Run(role=role, run_key=run_key, deployment=self.config.deployment,
+                   outcome=outcome, reason=reason, token=None, record=latest, wait_until=until)
 
     def _not_leading(self, role: str, run_key: str) -> Run:
         latest = self.status(role, run_key)

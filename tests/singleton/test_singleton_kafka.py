@@ -89,11 +89,12 @@ def ledger_records(bootstrap: str, topic: str) -> list[LedgerRecord]:
     raise AssertionError("ledger audit did not reach the end of the topic")
 
 
-@pytest.fixture
-def env(kafka_broker: str, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+@pytest.fixture(params=["classic", "consumer"])
+def env(request: pytest.FixtureRequest, kafka_broker: str, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+    """One namespace per test, under each group protocol: both are default paths ("auto")."""
     ns = f"t{uuid.uuid4().hex[:8]}"
     return {"bootstrap": kafka_broker, "namespace": ns, "ledger_topic": f"{ns}.ledger",
-            "tmp": tmp_path}
+            "tmp": tmp_path, "timings": {"group_protocol": request.param}}
 
 
 def args_for(env: dict, deployment: str, **extra: object) -> dict:  # type: ignore[type-arg]
@@ -210,7 +211,7 @@ def test_role_members_counts_contenders_without_joining(env) -> None:
 
     neli = NeliConfig(bootstrap_servers=env["bootstrap"],
                       profile="fast", session_timeout=6.0, heartbeat_timeout=2.0,
-                      group_protocol="consumer")
+                      **env["timings"])
     singleton = Singleton(SingletonConfig(neli=neli, namespace=env["namespace"],
                                           deployment="us-east-1"))
     assert singleton.role_members("observed") == 0

@@ -59,28 +59,6 @@ DEFAULT_RUN_KEY = "{{ dag.dag_id }}/{{ ts if logical_date else run_id }}"
 #: XCom key under which a skipping gate records the ledger entry it found.
 DONE_ELSEWHERE_XCOM_KEY = "neli_done"
 
-def _busy_reservation(singleton: Any, role: str, run_key: str, members: int) -> Any:
-    """What a gate concludes without joining a busy role group: SKIP_DONE or WAIT."""
-    from neli_orchestrate.decision import Outcome
-    from neli_orchestrate.ledger import RunState
-    from neli_orchestrate.singleton import Reservation
-
-    record = singleton.status(role, run_key)
-    # COMPLETED is final (read_committed ledger): skipping needs no leadership.
-    if record is not None and record.state is RunState.COMPLETED:
-        outcome, reason = Outcome.SKIP_DONE, "completed"
-    else:
-        outcome = Outcome.WAIT
-        reason = f"role {role!r} is busy ({members} member(s) in its group lead or wait for it)"
-    return Reservation(
-        role=role,
-        run_key=run_key,
-        outcome=outcome,
-        reason=reason,
-        token=None,
-        record=record,
-        deployment=singleton.config.deployment,
-    )
 
 
 class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
@@ -150,13 +128,8 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         hook = self._hook()
         try:
             with open_singleton(hook) as singleton:
-                busy = hook.role_members(self.role)
-                if busy:
-                    # Someone leads the role or is acquiring it. Joining now would rebalance
-                    # the group under a running leader: read the ledger instead.
-                    reservation = _busy_reservation(singleton, self.role, self.run_key, busy)
-                else:
-                    reservation = singleton.reserve(self.role, self.run_key)
+                # Singleton.reserve never joins a busy group (it reads the ledger instead).
+                reservation = singleton.reserve(self.role, self.run_key)
         except ConfigError as exc:
             # Configuration does not fix itself between pokes or retries.
             raise AirflowFailException(f"NELI configuration error: {exc}") from exc

@@ -84,11 +84,8 @@ class NeliLeaderSensor(DeferrableNeliSensor):
         hook = self._hook()
         try:
             with open_singleton(hook) as singleton:
-                # A busy group means another member leads or waits: joining would rebalance
-                # the group under the leader, so observe it read-only instead.
-                leads = not hook.role_members(self.role) and singleton.leads(
-                    self.role, self._probe_timeout(hook)
-                )
+                # Singleton.leads answers False without joining while the group is busy.
+                leads = singleton.leads(self.role, self._probe_timeout(hook))
         except ConfigError as exc:
             raise AirflowFailException(f"NELI configuration error: {exc}") from exc
         except KafkaUnavailableError as exc:

@@ -146,7 +146,6 @@ class NeliLeadershipTrigger(BaseTrigger):
     def check(self, hook: Any) -> dict[str, Any] | None:
         """One blocking check (run in a worker thread); an event payload, or None to wait."""
         with open_singleton(hook) as singleton:
-            members = hook.role_members(self.role)
             record = None
             if self.run_key is not None:
                 record = singleton.status(self.role, self.run_key)
@@ -160,16 +159,13 @@ class NeliLeadershipTrigger(BaseTrigger):
                 if decision.outcome == "WAIT":
                     self._waiting(f"{decision.reason} (latest record: {describe(record)})")
                     return None
-            if members:
-                # Never join a busy group: it would rebalance under the running leader.
-                self._waiting(
-                    f"role {self.role!r} is busy: {members} member(s) lead or wait for it"
-                    + (f" (latest record: {describe(record)})" if self.run_key else "")
-                )
-                return None
+            # Singleton.leads never joins a busy group (the busy-group rule lives there).
             if singleton.leads(self.role, self._leads_timeout(hook)):
                 return {"status": "leader", "role": self.role, "deployment": hook.deployment}
-            self._waiting(f"role {self.role!r} is led by another member")
+            self._waiting(
+                f"role {self.role!r} is led by another member"
+                + (f" (latest record: {describe(record)})" if self.run_key else "")
+            )
             return None
 
     def _waiting(self, reason: str) -> None:
