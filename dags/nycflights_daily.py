@@ -3,8 +3,12 @@
 Deploy this same file in every region. Each region schedules every run; per run:
 
     claim_run (LeaderGateOperator)
-      >> daily_performance (FencedSparkSubmitOperator, dags/jobs/nycflights_daily.py)
+      >> daily_performance (the stock SparkSubmitOperator, dags/jobs/nycflights_daily.py)
       >> report
+
+``daily_performance`` is directly downstream of the gate, so it runs fenced without a wrapper
+class: the provider's cluster policy re-verifies the claim, records RUNNING and COMPLETED, hands
+the token to the job as ``spark.neli.*`` conf and fails the task if the claim is lost.
 
 - In the region that claims the run, ``claim_run`` pushes the fencing token, the Spark job runs
   under it (token in Spark conf ``spark.neli.*``; the job publishes Parquet through the
@@ -32,14 +36,16 @@ logical date, in every region.
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import timedelta
 from pathlib import Path
 
 import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, task
 
-from neli_orchestrate.airflow import FencedSparkSubmitOperator, LeaderGateOperator
-from neli_orchestrate.spark import local_spark_conf, spark_submit_env
+from neli_orchestrate.airflow import LeaderGateOperator
+from neli_orchestrate.spark import local_spark_conf, spark_home
 
 JOB = Path(__file__).resolve().parent / "jobs" / "nycflights_daily.py"
 OUTPUT = "{{ var.value.get('nycflights_output', '/tmp/neli/nycflights_daily') }}"
@@ -58,6 +64,9 @@ with DAG(
     max_active_runs=3,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
     tags=["neli", "spark", "example"],
+    # Resolved when the task renders, not when the DAG is parsed: the file imports with the
+    # `airflow` extra alone, and without PySpark the task fails saying `pip install pyspark`.
+    user_defined_macros={"spark_home": spark_home},
 ) as dag:
     claim_run = LeaderGateOperator(
         task_id="claim_run",
@@ -67,19 +76,24 @@ with DAG(
         poke_interval=5,
         acquire_timeout=10,  # one attempt to lead; waiting happens between attempts
         timeout=3600,
+        # the fenced job waits this long for the role (a run of the same date elsewhere may
+        # hold it)
+        run_acquire_timeout=1800,
     )
 
-    daily_performance = FencedSparkSubmitOperator(
+    daily_performance = SparkSubmitOperator(
         task_id="daily_performance",
         conn_id="spark_default",
         application=str(JOB),
-        # claim_run's token, run key, role and deployment are added as spark.neli.* conf.
+        # the claim's token, run key, role and deployment are added as spark.neli.* conf
         conf=local_spark_conf(),
-        env_vars=spark_submit_env(),
+        env_vars={
+            "SPARK_HOME": "{{ spark_home() }}",
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        },
         application_args=["--date", "{{ ds }}", "--output", OUTPUT],
         name="nycflights_daily_{{ ds_nodash }}",
-        # wait this long for the role (a run of the same date elsewhere may hold it)
-        acquire_timeout=1800,
     )
 
     @task

@@ -1,7 +1,10 @@
 """Exactly-once singleton tasks across active-active orchestrator deployments, led through NELI.
 
-Public names are imported lazily, so ``import neli_orchestrate.testing`` (the pytest plugin)
-does not pull in the protocol core.
+``__all__`` lists what users write in DAGs, jobs and tests: ``Singleton`` and its config, the
+protocol core (``Neli``, ``NeliConfig``, its events, ``MockNeli`` for users' own tests),
+``Outcome`` and the errors. Everything else (``Run``, ``Reservation``, the ledger, the decision
+table) stays importable from its own module. Public names are imported lazily, so ``import
+neli_orchestrate.testing`` (the pytest plugin) does not pull in the protocol core.
 """
 
 from __future__ import annotations
@@ -31,8 +34,6 @@ _LAZY = {
     "Outcome": "neli_orchestrate.decision",
     "Singleton": "neli_orchestrate.singleton",
     "SingletonConfig": "neli_orchestrate.singleton",
-    "Reservation": "neli_orchestrate.singleton",
-    "Run": "neli_orchestrate.singleton",
 }
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
         NeliConfig,
     )
     from neli_orchestrate.decision import Outcome
-    from neli_orchestrate.singleton import Reservation, Run, Singleton, SingletonConfig
+    from neli_orchestrate.singleton import Singleton, SingletonConfig
 
 __all__ = [
     "AcquireTimeoutError",
@@ -60,8 +61,6 @@ __all__ = [
     "NeliConfig",
     "NeliError",
     "Outcome",
-    "Reservation",
-    "Run",
     "Singleton",
     "SingletonConfig",
     "SkippedRun",

@@ -14,7 +14,7 @@ The table (DESIGN.md, layer 3), for the latest record of the run key:
 ===========================================  ============  ================================
 latest record                                outcome       writes
 ===========================================  ============  ================================
-none                                         RUN           claim, attempt 1
+none, or RESET (an operator's audited reset)  RUN           claim, attempt 1
 COMPLETED                                    SKIP_DONE     nothing
 CLAIMED by another deployment, before its    WAIT          nothing (release leadership,
 handoff deadline (+ max clock error)                       decide again later)
@@ -59,6 +59,7 @@ __all__ = [
     "claim_record",
     "decide",
     "is_terminal",
+    "reset_record",
 ]
 
 
@@ -183,6 +184,14 @@ def decide(
     """
     if latest is None:
         return Decision(Outcome.RUN, "no record of this run key", None, attempt=1)
+    if latest.state is RunState.RESET:
+        # An operator's audited reset: the run key starts over (attempt 1) under a new token.
+        return Decision(
+            Outcome.RUN,
+            f"reset by {latest.deployment}/{latest.member} (token {latest.token}): {latest.reason}",
+            latest,
+            attempt=1,
+        )
 
     state = latest.state
     who = f"{latest.deployment}/{latest.member}"
@@ -350,12 +359,69 @@ def claim_record(
     )
 
 
+def reset_record(
+    latest: LedgerRecord | None,
+    replay: Replay,
+    *,
+    run_key: str,
+    me: Claimant,
+    now: float,
+    reason: str,
+) -> LedgerRecord:
+    """The audited ``RESET`` record of :meth:`neli_orchestrate.Singleton.reset`.
+
+    The decision table treats it as "no record" (the next leader runs the run key again,
+    attempt 1), but it carries a new token like a claim, so tokens keep growing and every
+    earlier claimant stays refused by the ledger and by token-checked sinks. Only a finished
+    run key (``COMPLETED`` or ``FAILED``) may be reset; a ``CLAIMED`` or ``RUNNING`` one is in
+    progress (:class:`ValueError` says so). ``replay`` must be a writer's replay after
+    ``begin()``.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ConfigError("a reset needs a reason (who asks, and why), for the audit trail")
+    if latest is not None and latest.run_key != run_key:
+        raise ValueError(f"record is of {latest.run_key!r}, not {run_key!r}")
+    if latest is None or latest.state is RunState.RESET:
+        raise ValueError(
+            f"run {run_key!r} of role {replay.role!r} has nothing to reset"
+            f" ({'no record' if latest is None else 'already reset'}): its next run starts over"
+        )
+    if latest.state in (RunState.CLAIMED, RunState.RUNNING):
+        raise ValueError(
+            f"run {run_key!r} of role {replay.role!r} is in progress ({latest.state} by"
+            f" {latest.deployment}/{latest.member}, token {latest.token}): let it finish or"
+            " fail, then reset it"
+        )
+    return LedgerRecord(
+        role=replay.role,
+        run_key=run_key,
+        state=RunState.RESET,
+        token=replay.next_token,
+        deployment=me.deployment,
+        member=me.member,
+        attempt=1,
+        at=now,
+        reason=reason.strip()[:2000],
+    )
+
+
 class ClaimStatus(StrEnum):
-    """Whether a claim (token) handed to an executor is still the run key's current claim."""
+    """Where a claim (token) handed to an executor stands; the executor acts on it.
+
+    Only :attr:`OURS` lets the executor start under the handed token; :attr:`COMPLETED`
+    skips; :attr:`MISSING` and :attr:`FOREIGN` refuse (the token or the ledger is wrong).
+    Every other status means the run key moved on since the token was issued (a retry, a
+    re-run gate, a fence, another deployment's take-over): the executor decides again from
+    the ledger (:func:`decide`), as any leader would, and runs only under a new, larger token.
+    """
 
     #: The latest record is our CLAIMED record: go ahead (write RUNNING with the same token).
     OURS = "OURS"
-    #: A newer claim (larger token) replaced ours: do not run.
+    #: A newer record of *this* deployment (an earlier try's re-claim, a re-run gate) is the
+    #: latest: not someone else's; decide again.
+    OWN_LATER = "OWN_LATER"
+    #: A newer record of another deployment (a take-over, a retry) is the latest: decide
+    #: again (WAIT while its claim is live; a dead one is taken over).
     SUPERSEDED = "SUPERSEDED"
     #: The run key is COMPLETED (by our token earlier, or by another claim): do not run.
     COMPLETED = "COMPLETED"
@@ -384,13 +450,24 @@ class ClaimCheck:
         """True only for :attr:`ClaimStatus.OURS`."""
         return self.status is ClaimStatus.OURS
 
+    @property
+    def decide_again(self) -> bool:
+        """True if the run key moved on since the token was issued: apply :func:`decide`."""
+        return self.status in _DECIDE_AGAIN
+
+
+_DECIDE_AGAIN = frozenset(
+    {ClaimStatus.OWN_LATER, ClaimStatus.SUPERSEDED, ClaimStatus.FAILED, ClaimStatus.INTERRUPTED}
+)
+
 
 def check_claim(token: int, latest: LedgerRecord | None, me: Claimant | None = None) -> ClaimCheck:
-    """Is the claim with ``token`` still the run key's current, unstarted claim? (executor)
+    """Where does the claim with ``token`` stand? (executor; see :class:`ClaimStatus`)
 
     Call after re-acquiring leadership, ``begin()`` and a replay; only :attr:`ClaimStatus.OURS`
-    allows the executor to write RUNNING (``latest.advance(RunState.RUNNING, ...)``) and run.
-    ``me`` (if given) must be of the claimant's deployment.
+    allows the executor to write RUNNING (``latest.advance(RunState.RUNNING, ...)``) under
+    ``token``; :attr:`ClaimCheck.decide_again` sends it to :func:`decide`. ``me`` (if given)
+    must be of the claimant's deployment; without it a newer record counts as SUPERSEDED.
     """
     if latest is None:
         return ClaimCheck(ClaimStatus.MISSING, "no ledger record of this run key", None)
@@ -399,6 +476,13 @@ def check_claim(token: int, latest: LedgerRecord | None, me: Claimant | None = N
         by = "by our claim" if latest.token == token else f"by {who} with token {latest.token}"
         return ClaimCheck(ClaimStatus.COMPLETED, f"already completed {by}", latest)
     if latest.token > token:
+        if me is not None and latest.deployment == me.deployment:
+            return ClaimCheck(
+                ClaimStatus.OWN_LATER,
+                f"this deployment's own later record is the latest ({latest.state}, token"
+                f" {latest.token}, attempt {latest.attempt}): deciding again",
+                latest,
+            )
         return ClaimCheck(
             ClaimStatus.SUPERSEDED,
             f"superseded by token {latest.token} of {latest.deployment} ({latest.state})",
@@ -416,6 +500,11 @@ def check_claim(token: int, latest: LedgerRecord | None, me: Claimant | None = N
             ClaimStatus.FOREIGN,
             f"token {token} belongs to deployment {latest.deployment}, not {me.deployment}",
             latest,
+        )
+    if latest.state is RunState.RESET:
+        return ClaimCheck(
+            ClaimStatus.FOREIGN,
+            f"token {token} is a reset record's, not a claim's: pass the gate's token", latest,
         )
     if latest.state is RunState.FAILED:
         return ClaimCheck(

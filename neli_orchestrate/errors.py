@@ -44,3 +44,36 @@ class SkippedRun(NeliError):
 
 class AcquireTimeoutError(NeliError):
     """Leadership of a role could not be acquired in time: another member holds it."""
+
+
+class PermanentKafkaError(NeliError):
+    """Kafka answered, and the answer will not change by waiting: fix the setup, then retry.
+
+    Raised at once (never after a wait): a topic with the wrong partition count, a missing
+    topic that may not be created, a session timeout outside the broker's limits, a record
+    this library cannot read, a denied ACL. The message names what to change.
+    """
+
+
+class TopicMismatchError(PermanentKafkaError, ConfigError):
+    """A topic and the configuration disagree: the topic is missing and may not be created, or
+    its partition count (or another setting the protocol needs) differs."""
+
+
+class SessionTimeoutRejectedError(PermanentKafkaError, ConfigError):
+    """The broker refuses the consumer group's session timeout (outside its min/max limits)."""
+
+
+class AuthorizationError(PermanentKafkaError):
+    """The broker denied an operation (group, topic or transactional-id ACL)."""
+
+
+class UnreadableRecordError(PermanentKafkaError):
+    """The newest ledger record of a run key cannot be decoded: nobody may decide from an older
+    one. The message names the record's offset and how to fix it."""
+
+    def __init__(self, message: str, *, role: str, run_key: str, offset: int) -> None:
+        super().__init__(message)
+        self.role = role
+        self.run_key = run_key
+        self.offset = offset

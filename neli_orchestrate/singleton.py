@@ -2,9 +2,8 @@
 
 Usage::
 
-    singleton = Singleton(SingletonConfig(neli=NeliConfig(bootstrap_servers="127.0.0.1:9092",
-                                                          group_id="acme.neli"),
-                                          deployment="us-east-1"))
+    singleton = Singleton(SingletonConfig(neli=NeliConfig(bootstrap_servers="127.0.0.1:9092"),
+                                          namespace="acme", deployment="us-east-1"))
     with singleton.claim(role="daily_flights", run_key="2013-01-05") as run:
         if run.should_run:
             build_table(token=run.token)     # leaving the block records COMPLETED
@@ -37,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
+from neli_orchestrate.core.kafka import is_authorization_error
+from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
     ClaimStatus,
@@ -47,21 +48,23 @@ from neli_orchestrate.decision import (
     check_claim,
     claim_record,
     decide,
+    reset_record,
 )
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
+    AuthorizationError,
     ConfigError,
     FencedError,
     KafkaUnavailableError,
     SkippedRun,
 )
 from neli_orchestrate.ledger import (
-    DEFAULT_LEDGER_TOPIC,
     KafkaLedger,
     KafkaLedgerConfig,
     LedgerRecord,
     LedgerStore,
     LedgerWriter,
+    Replay,
     RunState,
     expire,
 )
@@ -77,8 +80,11 @@ __all__ = ["Reservation", "Run", "Singleton", "SingletonConfig"]
 class SingletonConfig:
     """How a deployment takes part in singleton runs; one configuration serves many roles.
 
-    ``neli.group_id`` is a namespace: the NELI group of role ``r`` is ``f"{group_id}.{r}"``;
-    all roles share the leader topic ``neli.topic``.
+    ``namespace`` (required) names every Kafka resource the deployment shares with the others
+    (:func:`neli_orchestrate.core.namespace.derive`): role ``r`` contends in the group
+    ``<namespace>.<r>`` on the leader topic ``<namespace>.neli``, and runs are recorded in the
+    ledger ``<namespace>.ledger`` (``ledger_topic`` overrides it). ``neli`` carries the
+    connection and timing settings; its ``group_id`` and ``topic`` must stay unset.
 
     - ``handoff_timeout``: seconds another deployment's ``CLAIMED`` (and a ``FAILED`` retry of
       the failing deployment) is respected. Must exceed the gate→executor delay of the
@@ -93,7 +99,8 @@ class SingletonConfig:
 
     neli: NeliConfig
     deployment: str
-    ledger_topic: str = DEFAULT_LEDGER_TOPIC
+    namespace: str | None = None
+    ledger_topic: str | None = None
     handoff_timeout: float = 300.0
     acquire_timeout: float = 60.0
     failed_retry: FailedRetry = FailedRetry.SAME_DEPLOYMENT_FIRST
@@ -103,10 +110,18 @@ class SingletonConfig:
     #: Poll interval of the watchdog and of leadership acquisition, seconds.
     poll_interval: float = 0.05
     policy: DecisionPolicy = field(init=False, repr=False)
+    names: Namespace = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.deployment, str) or not self.deployment.strip():
             raise ConfigError("deployment must name this orchestrator deployment, e.g. 'us-east-1'")
+        for name in ("group_id", "topic"):
+            if getattr(self.neli, name) is not None:
+                raise ConfigError(
+                    f"SingletonConfig derives each role's group and the leader topic from the "
+                    f"namespace: leave NeliConfig.{name} unset and pass "
+                    f"SingletonConfig(namespace=...) instead")
+        object.__setattr__(self, "names", derive(self.namespace, ledger_topic=self.ledger_topic))
         for name in ("acquire_timeout", "poll_interval"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
@@ -122,19 +137,16 @@ class SingletonConfig:
 
     def role_neli(self, role: str) -> NeliConfig:
         """The NELI configuration of ``role``'s group."""
-        if not role or not isinstance(role, str):
-            raise ConfigError(f"role must be a non-empty string, got {role!r}")
-        namespace = self.neli.resolved
-        return dataclasses.replace(self.neli, group_id=f"{namespace.group_id}.{role}",
-                                   topic=namespace.topic)
+        return dataclasses.replace(self.neli, group_id=self.names.group_id(role),
+                                   topic=self.names.leader_topic)
 
     def ledger_config(self) -> KafkaLedgerConfig:
         """The ledger's Kafka configuration, sharing the member's client settings."""
         return KafkaLedgerConfig(
             bootstrap_servers=self.neli.bootstrap_servers,
-            topic=self.ledger_topic,
+            topic=self.names.ledger_topic,
             partitions=self.ledger_partitions,
-            transactional_id_prefix=f"{self.neli.resolved.group_id}.ledger:",
+            transactional_id_prefix=self.names.transactional_id_prefix,
             kafka_config=_client_settings(self.neli.kafka_config),
         )
 
@@ -310,6 +322,11 @@ class _Leadership:
         if reason is not None:
             run._fence(reason)
 
+    def verify(self) -> None:
+        """Check leadership now (not only at the watchdog's next pulse); a loss fences the run."""
+        if self._lost is None and not self.neli.is_leader:
+            self._lose("leadership lost before the work started (lease lapsed)")
+
     def work_finished(self) -> None:
         """The work and its end record are done: release a waiting revoke barrier."""
         self._work_done.set()
@@ -325,15 +342,27 @@ class _Leadership:
             run._fence(reason)
 
     def _watchdog(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self._lost is None:
             try:
                 leading = self.neli.pulse(timeout=self._config.poll_interval)
             except Exception as exc:  # noqa: BLE001 - a broken member cannot vouch for the run
                 self._lose(f"the NELI member failed: {exc!r}")
-                return
+                break
             if not leading and not self._stop.is_set() and not self._work_done.is_set():
                 self._lose("leadership lost (own heartbeat missing or partition lost)")
-                return
+                break
+        if self._lost is not None and not self._stop.is_set():
+            # A fenced member is closed at once (it leaves the group), not left unpolled in it
+            # until max_poll_interval: the successor is assigned within the session timeout
+            # even while work that cannot be cancelled is still finishing. (Not from inside
+            # the barrier: LeaderFenced only flags the loss; this thread closes.)
+            self._close_member()
+
+    def _close_member(self) -> None:
+        try:
+            self.neli.close()
+        except Exception:  # noqa: BLE001 - closing is best effort; the group times us out
+            log.warning("closing the NELI member of role %r failed", self.role, exc_info=True)
 
     def _barrier(self, event: object) -> None:
         if isinstance(event, LeaderFenced):
@@ -354,10 +383,7 @@ class _Leadership:
         self._work_done.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(5.0, 10 * self._config.poll_interval))
-        try:
-            self.neli.close()
-        except Exception:  # noqa: BLE001 - closing is best effort; the group times us out
-            log.warning("closing the NELI member of role %r failed", self.role, exc_info=True)
+        self._close_member()
 
 
 class Singleton:
@@ -375,6 +401,7 @@ class Singleton:
         neli_factory: NeliFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        membership: Callable[[str], int] | None = None,
     ) -> None:
         self.config = config
         self._ledger = ledger
@@ -382,6 +409,12 @@ class Singleton:
         self._neli_factory: NeliFactory = neli_factory or Neli
         self._clock = clock
         self._wall = wall_clock
+        # How many members a consumer group has (by group id): the broker's answer, unless
+        # members are injected (tests, simulations): then groups count as idle unless the
+        # caller injects membership as well.
+        self._membership: Callable[[str], int] = membership or (
+            self._describe_members if neli_factory is None else (lambda group: 0))
+        self._admin: Any = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -401,22 +434,30 @@ class Singleton:
         """How many members contend for ``role`` right now; read-only (no join, no rebalance).
 
         Non-zero means some deployment leads the role or is trying to. Waiting callers (gates,
-        sensors) check this before :meth:`reserve` so that polling does not rebalance the
-        group the running leader is in. Raises :class:`KafkaUnavailableError` if the cluster
-        does not answer.
+        sensors) need not: :meth:`reserve`, :meth:`claim` and :meth:`leads` apply the busy-group
+        rule themselves. Raises :class:`KafkaUnavailableError` if the cluster does not answer.
         """
+        return self._membership(self.config.role_neli(role).resolved.group_id)
+
+    def _describe_members(self, group: str) -> int:
         from confluent_kafka.admin import AdminClient
 
-        neli = self.config.role_neli(role).resolved
-        group = neli.group_id
-        admin = AdminClient({**_client_settings(neli.kafka_config),
-                             "bootstrap.servers": neli.bootstrap_servers,
-                             "logger": logging.getLogger(__name__ + ".librdkafka")})
+        neli = self.config.neli.resolved
+        with self._ledger_lock:
+            if self._admin is None:
+                self._admin = AdminClient({**_client_settings(neli.kafka_config),
+                                           "bootstrap.servers": neli.bootstrap_servers,
+                                           "logger": logging.getLogger(__name__ + ".librdkafka")})
+            admin = self._admin
         timeout = neli.request_timeout
         try:
             futures = admin.describe_consumer_groups([group], request_timeout=timeout)
             description = futures[group].result(timeout=timeout + 5)
         except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            if is_authorization_error(exc):
+                raise AuthorizationError(
+                    f"describing consumer group {group!r} was denied ({exc}): grant READ (or"
+                    f" DESCRIBE) on it; docs/security.md lists every ACL") from exc
             raise KafkaUnavailableError(
                 f"cannot describe consumer group {group!r} at {neli.bootstrap_servers}: {exc}"
             ) from exc
@@ -444,9 +485,17 @@ class Singleton:
     def leads(self, role: str, timeout: float) -> bool:
         """True if this deployment's member became leader of ``role`` within ``timeout``.
 
+        False at once, without joining, while the role's group is busy (the busy-group rule,
+        see :meth:`reserve`).
+
         .. note:: Leadership ends when this returns (the member leaves the group); use it to
            wait for a region to be able to lead, not as a lock.
         """
+        members = self.role_members(role)
+        if members:
+            log.info("role %r is busy (%d member(s) lead or wait for it): not joining", role,
+                     members)
+            return False
         lead = _Leadership(self, role)
         try:
             return lead.acquire(timeout)
@@ -460,7 +509,12 @@ class Singleton:
         Inside the block run the work only if ``run.should_run``. Leaving the block normally
         records ``COMPLETED``; an exception records ``FAILED`` (and is re-raised); a fence
         raises :class:`FencedError` (nothing is recorded: the next leader takes over).
+        Follows the busy-group rule of :meth:`reserve`.
         """
+        busy = self._busy(role, run_key)
+        if busy is not None:
+            yield busy
+            return
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -492,7 +546,15 @@ class Singleton:
         Releases leadership before returning, so this deployment's executor (another process)
         can acquire it. ``WAIT`` means another deployment leads the role or holds a live claim:
         ask again later — never skip a run on WAIT.
+
+        The busy-group rule: while anyone leads the role or waits for it (its group has
+        members), this does not join the group — every join rebalances the group under the
+        running leader, and under classic groups may fence it. It reads the ledger instead:
+        ``SKIP_DONE`` (or ``GIVE_UP``) when the run key is finished, else ``WAIT``.
         """
+        busy = self._busy(role, run_key)
+        if busy is not None:
+            return self._reservation(busy)
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -514,14 +576,21 @@ class Singleton:
     ) -> T:
         """Executor (split form): re-acquire, verify claim ``token``, run ``work(run)``, record.
 
-        Records ``RUNNING`` under the claim's token, then ``COMPLETED`` (returns the value) or
-        ``FAILED`` (re-raises). If the claim's earlier execution died (``RUNNING``) or failed,
-        and the decision table lets this deployment run again, a new claim with a larger token
-        is taken: the work must use ``run.token``, not the reserved one.
+        ``token`` is the gate's (an orchestrator passes the same one to every try of the task,
+        e.g. from XCom). If its claim is still the run key's current, unstarted claim, this
+        records ``RUNNING`` under it. If the run key moved on since (an earlier try ran and
+        failed or was fenced, a re-run gate claimed again, another deployment took over),
+        this try decides again from the ledger as a gate would: it runs under a new, larger
+        token when the decision table allows (``RETRY``/``TAKE_OVER``; the work must use
+        ``run.token``, not the reserved one). Then ``COMPLETED`` (returns the value) or
+        ``FAILED`` (re-raises). No number of tries strands a run key.
 
-        Raises :class:`SkippedRun` if the run was completed, :class:`FencedError` if another
-        claim superseded ours or leadership was lost mid-work, :class:`AcquireTimeoutError` if
-        leadership could not be acquired within ``acquire_timeout``.
+        Raises :class:`SkippedRun` if the run was completed; :class:`AcquireTimeoutError` if
+        leadership could not be acquired within ``acquire_timeout`` or another deployment
+        holds a live claim on the run (retry the try later); :class:`FencedError` if
+        leadership was lost (before or during the work: no work starts once fenced), if the
+        run key terminally failed (``max_attempts``), or if ``token`` is not a claim this
+        ledger issued for the run key.
         """
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
@@ -538,27 +607,20 @@ class Singleton:
             now = self._wall()
             latest = replay.latest(run_key)
             check = check_claim(token, latest, me)
+            log.info("role %r run %r: claim %s is %s: %s", role, run_key, token, check.status,
+                     check.reason)
             if check.status is ClaimStatus.COMPLETED:
                 raise SkippedRun(f"run {run_key!r} of role {role!r} is {check.reason}")
             if check.ok and latest is not None:
                 record = latest.advance(RunState.RUNNING, at=now, member=me.member)
                 decision_outcome, reason = Outcome.RUN, check.reason
-            elif check.status in (ClaimStatus.INTERRUPTED, ClaimStatus.FAILED):
-                # Our claim was RUNNING (its executor died) or FAILED: decide again; a re-run
-                # always takes a new token so a zombie of the earlier attempt is refused.
-                decision = decide(latest, me, now=now, policy=self.config.policy)
-                self._log_decision(role, run_key, decision)
-                if not decision.claims:
-                    raise FencedError(
-                        f"run {run_key!r} of role {role!r} may not run again here:"
-                        f" {decision.outcome}: {decision.reason}", role=role, token=token)
-                record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
-                                      policy=self.config.policy, state=RunState.RUNNING)
-                decision_outcome, reason = decision.outcome, decision.reason
+            elif check.decide_again:
+                record, decision_outcome, reason = self._decide_again(
+                    writer, replay, role, run_key, token, me, now)
             else:
                 raise FencedError(
-                    f"claim {token} of run {run_key!r} (role {role!r}) is no longer ours:"
-                    f" {check.reason}", role=role, token=token)
+                    f"claim {token} of run {run_key!r} (role {role!r}) is not this ledger's"
+                    f" current claim: {check.reason}", role=role, token=token)
             if lead.lost is not None:
                 raise FencedError(f"lost leadership of role {role!r} before running {run_key!r}:"
                                   f" {lead.lost}", role=role, token=token)
@@ -574,6 +636,89 @@ class Singleton:
             if writer is not None:
                 writer.close()
             lead.close()
+
+    def _decide_again(
+        self, writer: LedgerWriter, replay: Replay, role: str, run_key: str, token: int,
+        me: Claimant, now: float,
+    ) -> tuple[LedgerRecord, Outcome, str]:
+        """An executor try whose claim moved on decides again, as a gate would (issue: retries).
+
+        Returns the RUNNING claim to write (a new, larger token); raises when this try must
+        not run: :class:`SkippedRun` (completed), :class:`AcquireTimeoutError` (another
+        deployment's claim is live: fail this try cleanly, the orchestrator retries later),
+        :class:`FencedError` (``max_attempts`` reached: terminally failed).
+        """
+        latest = replay.latest(run_key)
+        decision = decide(latest, me, now=now, policy=self.config.policy)
+        self._log_decision(role, run_key, decision)
+        if decision.claims:
+            record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
+                                  policy=self.config.policy, state=RunState.RUNNING)
+            log.info("role %r run %r: try with claim %s runs again under token %s (%s)", role,
+                     run_key, token, record.token, decision.outcome)
+            return record, decision.outcome, decision.reason
+        if decision.outcome is Outcome.SKIP_DONE:
+            raise SkippedRun(f"run {run_key!r} of role {role!r} is {decision.reason}")
+        if decision.outcome is Outcome.WAIT:
+            until = ("" if decision.wait_until is None else " until " + time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(decision.wait_until)))
+            raise AcquireTimeoutError(
+                f"run {run_key!r} of role {role!r} is held by another deployment{until}:"
+                f" {decision.reason}. This try does not run; a later try (retry the task)"
+                " decides again and runs it if that claim lapses")
+        if decision.record_failure:
+            # RUNNING at max_attempts: record the terminal failure, as a gate would.
+            failure = claim_record(decision, replay, run_key=run_key, me=me, now=now,
+                                   policy=self.config.policy)
+            writer.write(failure)
+        raise FencedError(
+            f"run {run_key!r} of role {role!r} may not run again: {decision.outcome}:"
+            f" {decision.reason}. Reset it to run it again (Singleton.reset)",
+            role=role, token=token)
+
+    def reset(self, role: str, run_key: str, reason: str) -> LedgerRecord:
+        """Reset a finished run key so that its next run starts over (audited; leader only).
+
+        Writes a ``RESET`` record with ``reason`` (who asks and why), this deployment and a new
+        token: the decision table treats it as no record (the next gate or claim anywhere
+        runs the run key again, attempt 1, under a still larger token). Only ``COMPLETED`` or
+        ``FAILED`` run keys may be reset; a ``CLAIMED`` or ``RUNNING`` one is in progress.
+        Returns the record written. Raises :class:`ConfigError` (no reason, or the run key
+        is in progress or has nothing to reset) or :class:`AcquireTimeoutError`.
+
+        .. note:: Whatever the earlier run wrote stays; a token-checked sink replaces it when
+           the re-run publishes with its larger token.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigError("Singleton.reset needs a reason (who asks, and why), for the audit"
+                              " trail")
+        lead = _Leadership(self, role)
+        try:
+            if not lead.acquire(self.config.acquire_timeout):
+                raise AcquireTimeoutError(
+                    f"could not lead role {role!r} within {self.config.acquire_timeout} s to"
+                    f" reset {run_key!r}; another member holds it, try again when it is idle")
+            writer = self.ledger.begin(role)
+            try:
+                me = Claimant(self.config.deployment, lead.member)
+                replay = writer.replay()
+                latest = replay.latest(run_key)
+                try:
+                    record = reset_record(latest, replay, run_key=run_key, me=me,
+                                          now=self._wall(), reason=reason)
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
+                if lead.lost is not None:
+                    raise FencedError(f"lost leadership of role {role!r} before resetting"
+                                      f" {run_key!r}: {lead.lost}", role=role)
+                writer.write(record)
+            finally:
+                writer.close()
+        finally:
+            lead.close()
+        log.warning("role %r run %r reset by %s (token %s; was %s): %s", role, run_key,
+                    self.config.deployment, record.token, _describe(latest), record.reason)
+        return record
 
     def close(self) -> None:
         """Release the ledger's Kafka clients."""
@@ -627,9 +772,16 @@ class Singleton:
     @contextlib.contextmanager
     def _hold(self, lead: _Leadership, writer: LedgerWriter, run: Run,
               record: LedgerRecord) -> Iterator[Run]:
-        """Around the work: watchdog on; then record COMPLETED, FAILED, or raise FencedError."""
+        """Around the work: watchdog on; then record COMPLETED, FAILED, or raise FencedError.
+
+        No work starts under a fenced run: once the run is attached (a fence from now on
+        reaches it), leadership is checked again, so a fence that landed between the claim
+        check and here (e.g. during a slow ``RUNNING`` write) fails the try before the work.
+        """
         lead.attach(run)
         try:
+            lead.verify()
+            run.check()
             try:
                 yield run
             except BaseException as exc:
@@ -656,6 +808,27 @@ class Singleton:
                 role=run.role, token=run.token) from exc
         log.info("role %r run %r %s (token %s)", run.role, run.run_key, record.state,
                  record.token)
+
+    def _busy(self, role: str, run_key: str) -> Run | None:
+        """The answer without joining when ``role``'s group is busy; None when it is idle."""
+        members = self.role_members(role)
+        if not members:
+            return None
+        latest = self.status(role, run_key)
+        decision = decide(latest, Claimant(self.config.deployment, "-"), now=self._wall(),
+                          policy=self.config.policy)
+        busy = f"role {role!r} is busy ({members} member(s) lead or wait for it): not joining"
+        if decision.outcome in (Outcome.SKIP_DONE, Outcome.GIVE_UP):
+            outcome, reason, until = decision.outcome, decision.reason, None
+        elif decision.outcome is Outcome.WAIT:
+            outcome, reason, until = Outcome.WAIT, f"{busy}; {decision.reason}", \
+                decision.wait_until
+        else:
+            outcome, reason, until = Outcome.WAIT, f"{busy}; latest record: {_describe(latest)}", \
+                None
+        log.info("role %r run %r: %s: %s", role, run_key, outcome, reason)
+        return Run(role=role, run_key=run_key, deployment=self.config.deployment,
+                   outcome=outcome, reason=reason, token=None, record=latest, wait_until=until)
 
     def _not_leading(self, role: str, run_key: str) -> Run:
         latest = self.status(role, run_key)
@@ -685,7 +858,4 @@ class Singleton:
 
 
 def _describe(record: LedgerRecord | None) -> str:
-    if record is None:
-        return "none"
-    return (f"{record.state} by {record.deployment}/{record.member} with token {record.token}"
-            f" at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(record.at))}")
+    return "none" if record is None else record.describe()

@@ -42,10 +42,8 @@ def run(bootstrap: str, trials: int, protocols: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for protocol in protocols:
         ns = f"bench{uuid.uuid4().hex[:6]}"
-        neli = NeliConfig(bootstrap_servers=bootstrap, group_id=ns, profile="fast",
-                          group_protocol=protocol)
-        singleton = Singleton(SingletonConfig(neli=neli, deployment="bench",
-                                              ledger_topic=f"{ns}.ledger"))
+        neli = NeliConfig(bootstrap_servers=bootstrap, profile="fast", group_protocol=protocol)
+        singleton = Singleton(SingletonConfig(neli=neli, namespace=ns, deployment="bench"))
         # one untimed claim: creates the leader and ledger topics and loads the coordinators
         singleton.reserve("warm-up", "0")
         for kind in ("reserve", "claim"):

@@ -2,14 +2,18 @@
 
 Usage::
 
-    from neli_orchestrate.airflow import FencedSparkSubmitOperator, LeaderGateOperator
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from neli_orchestrate.airflow import LeaderGateOperator
 
     gate = LeaderGateOperator(task_id="claim_run", role="nycflights_daily")
-    job = FencedSparkSubmitOperator(task_id="job", application="jobs/nycflights_daily.py")
-    gate >> job
+    job = SparkSubmitOperator(task_id="job", application="jobs/nycflights_daily.py")
+    gate >> job          # the task directly after the gate runs fenced (cluster policy)
 
 One concept per module: ``hooks.neli`` (NeliHook), ``operators.gate`` (LeaderGateOperator),
-``operators.fenced`` (FencedSparkSubmitOperator, FencedExecutionMixin, fenced),
+``operators.fenced`` (fencing of the gate's child; FencedExecutionMixin, fenced),
+``operators.spark_submit`` (FencedSparkSubmitOperator), ``policy`` (the cluster policy),
+``claims`` (what gate, sensor, trigger and fenced tasks share),
 ``sensors.leader`` (NeliLeaderSensor), ``triggers.leader`` (NeliLeadershipTrigger),
 ``provider`` (get_provider_info, the provider entry point). Names are imported lazily so that
 Airflow's provider discovery, which imports ``provider``, stays cheap.
@@ -24,7 +28,7 @@ _LAZY = {
     "NeliHook": "neli_orchestrate.airflow.hooks.neli",
     "LeaderGateOperator": "neli_orchestrate.airflow.operators.gate",
     "FencedExecutionMixin": "neli_orchestrate.airflow.operators.fenced",
-    "FencedSparkSubmitOperator": "neli_orchestrate.airflow.operators.fenced",
+    "FencedSparkSubmitOperator": "neli_orchestrate.airflow.operators.spark_submit",
     "fenced": "neli_orchestrate.airflow.operators.fenced",
     "NeliLeaderSensor": "neli_orchestrate.airflow.sensors.leader",
     "NeliLeadershipTrigger": "neli_orchestrate.airflow.triggers.leader",
@@ -33,12 +37,9 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from neli_orchestrate.airflow.hooks.neli import NeliHook
-    from neli_orchestrate.airflow.operators.fenced import (
-        FencedExecutionMixin,
-        FencedSparkSubmitOperator,
-        fenced,
-    )
+    from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
     from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
+    from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
     from neli_orchestrate.airflow.provider import get_provider_info
     from neli_orchestrate.airflow.sensors.leader import NeliLeaderSensor
     from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger

@@ -14,6 +14,9 @@ from neli_orchestrate import __version__
 PACKAGE_NAME = "neli-orchestrate"
 CONNECTION_TYPE = "neli"
 INTEGRATION = "NELI (Kafka leadership)"
+#: The provider's user guide; the same address as ``[project.urls] Documentation`` in
+#: pyproject.toml (tests/airflow/test_provider.py keeps them equal).
+DOCS_URL = "https://github.com/neli-orchestrate/neli-orchestrate/blob/main/docs/airflow.md"
 
 _STRING = {"type": ["string", "null"]}
 _NUMBER = {"type": ["number", "null"]}
@@ -33,9 +36,9 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     ),
     "namespace": _field(
         "Namespace",
-        {"type": ["string", "null"], "default": "neli"},
-        "Prefix of the consumer group and topics shared by all deployments that coordinate: "
-        "group <namespace>, leader topic <namespace>.neli, ledger <namespace>.ledger.",
+        {"type": ["string", "null"]},
+        "Required (here or in [neli] namespace); the same in every deployment that coordinates: "
+        "groups <namespace>.<role>, leader topic <namespace>.neli, ledger <namespace>.ledger.",
     ),
     "ledger_topic": _field(
         "Ledger topic", _STRING, "Run ledger topic; default <namespace>.ledger."
@@ -128,7 +131,7 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [
             {
                 "integration-name": INTEGRATION,
-                "external-doc-url": "https://github.com/obsidiandynamics/goneli",
+                "external-doc-url": DOCS_URL,
                 "tags": ["protocol"],
             }
         ],
@@ -144,6 +147,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "neli_orchestrate.airflow.operators.gate",
                     "neli_orchestrate.airflow.operators.fenced",
+                    "neli_orchestrate.airflow.operators.spark_submit",
                 ],
             }
         ],
@@ -177,7 +181,7 @@ def get_provider_info() -> dict[str, Any]:
                         "host": "broker1:9092,broker2:9092",
                         "login": "only with SASL_PLAINTEXT / SASL_SSL",
                         "deployment": "us-east-1",
-                        "namespace": "neli",
+                        "namespace": "acme",
                     },
                 },
             }
@@ -201,13 +205,13 @@ def get_provider_info() -> dict[str, Any]:
                     "namespace": {
                         "description": (
                             "NELI namespace (consumer group and topic prefix) when neither the "
-                            "operator nor the connection sets one. Must be the same in every "
-                            "deployment that coordinates."
+                            "operator nor the connection sets one. Required somewhere: there is "
+                            "no default. Must be the same in every deployment that coordinates."
                         ),
                         "version_added": "0.1.0",
                         "type": "string",
-                        "example": "acme.neli",
-                        "default": "neli",
+                        "example": "acme",
+                        "default": None,
                     },
                 },
             }

@@ -40,7 +40,9 @@ __all__ = [
 ]
 
 Mode = Literal["fast", "full"]
-GroupProtocol = Literal["classic", "consumer"]
+#: ``"auto"`` (the default) chooses at start-up: KIP-848 when the broker supports it and accepts
+#: the session timeout, else classic (:func:`neli_orchestrate.core.topic.choose_group_protocol`).
+GroupProtocol = Literal["auto", "classic", "consumer"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ PROTECTED_KAFKA_SETTINGS: Mapping[str, str] = MappingProxyType({
         "static membership sends no LeaveGroup on close, so a graceful hand-over would wait "
         "for the session timeout"
     ),
-    "group.protocol": "set NeliConfig.group_protocol ('classic' or 'consumer') instead",
+    "group.protocol": "set NeliConfig.group_protocol ('auto', 'classic' or 'consumer') instead",
     "partition.assignment.strategy": (
         "set NeliConfig.assignor instead (eager assignors revoke the leader on every join)"
     ),
@@ -178,6 +180,7 @@ class ResolvedConfig:
     apply_group_config: bool
     request_timeout: float
     kafka_config: Mapping[str, Any]
+    release_hints: bool = True
 
     @property
     def grace_period(self) -> float:
@@ -217,7 +220,7 @@ class NeliConfig:
     partitions: int | None = None
     create_topic: bool = True
     topic_config: Mapping[str, str] = field(default_factory=dict, hash=False)
-    group_protocol: GroupProtocol = "classic"
+    group_protocol: GroupProtocol = "auto"
     assignor: str | None = None
     session_timeout: float | None = None
     group_heartbeat_interval: float | None = None
@@ -228,6 +231,11 @@ class NeliConfig:
     clock_error: float | None = None
     apply_group_config: bool = True
     request_timeout: float = 10.0
+    release_hints: bool = True
+    """Fast NELI: a closing leader writes a release hint after leaving the group, and
+    followers that read it ask the coordinator for their assignment at once (a graceful
+    hand-over then takes milliseconds whatever the group heartbeat interval). A hint is only
+    a nudge; leadership still needs the assignment and the member's own heartbeat."""
 
     def __post_init__(self) -> None:
         # Freeze the mappings so a caller's later edits cannot change a validated config.
@@ -335,10 +343,10 @@ def _resolve(c: NeliConfig) -> ResolvedConfig:
             "non-exclusive leadership (overlap allowed, never zero leaders) is Full NELI"
         )
 
-    if c.group_protocol not in ("classic", "consumer"):
+    if c.group_protocol not in ("auto", "classic", "consumer"):
         raise ConfigError(
-            f"NeliConfig.group_protocol={c.group_protocol!r} must be 'classic' or 'consumer' "
-            f"(KIP-848)"
+            f"NeliConfig.group_protocol={c.group_protocol!r} must be 'auto' (KIP-848 when the "
+            f"broker supports it), 'classic' or 'consumer' (KIP-848)"
         )
     assignor = _resolve_assignor(c.group_protocol, c.assignor)
 
@@ -388,7 +396,7 @@ def _resolve(c: NeliConfig) -> ResolvedConfig:
                           if c.fetch_wait_max is not None
                           else min(p.fetch_wait_max, hb_timeout / 4))
     request_timeout = _seconds("request_timeout", c.request_timeout)
-    for flag in ("create_topic", "apply_group_config"):
+    for flag in ("create_topic", "apply_group_config", "release_hints"):
         if not isinstance(getattr(c, flag), bool):
             raise ConfigError(f"NeliConfig.{flag} must be True or False")
 
@@ -471,10 +479,18 @@ def _resolve(c: NeliConfig) -> ResolvedConfig:
         apply_group_config=c.apply_group_config,
         request_timeout=request_timeout,
         kafka_config=c.kafka_config,
+        release_hints=c.release_hints and c.mode == "fast",
     )
 
 
 def _resolve_assignor(protocol: str, assignor: str | None) -> str | None:
+    if protocol == "auto":
+        if assignor is not None:
+            raise ConfigError(
+                f"NeliConfig.assignor={assignor!r} depends on the group protocol: set "
+                f"group_protocol='classic' or 'consumer' explicitly to choose an assignor"
+            )
+        return None
     if protocol == "classic":
         if assignor is None:
             return "cooperative-sticky"

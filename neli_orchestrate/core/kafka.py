@@ -1,19 +1,28 @@
 """The narrow seam between the NELI protocol and Kafka, and its confluent-kafka implementation.
 
 The protocol talks to Kafka only through the small :class:`typing.Protocol` classes here:
-a :class:`GroupConsumer` (subscribe, poll, commit, close), a :class:`HeartbeatProducer`
-(send, poll, flush) and a :class:`LeaderTopicAdmin` (topic and group settings). Tests inject
+a :class:`GroupConsumer` (subscribe, poll, commit, rejoin, close), a :class:`HeartbeatProducer`
+(send, poll, flush), a :class:`LeaderTopicWatcher` (reads partitions outside the group, for
+release hints) and a :class:`LeaderTopicAdmin` (topic and group settings). Tests inject
 fakes through :class:`KafkaClients`; production uses :class:`ConfluentKafka`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.errors import (
+    AuthorizationError,
+    KafkaUnavailableError,
+    NeliError,
+    PermanentKafkaError,
+    SessionTimeoutRejectedError,
+)
 
 if TYPE_CHECKING:
     from neli_orchestrate.core.config import ResolvedConfig
@@ -26,14 +35,18 @@ __all__ = [
     "HeartbeatProducer",
     "KafkaClients",
     "LeaderTopicAdmin",
+    "LeaderTopicWatcher",
     "OFFSET_END",
     "OFFSET_STORED",
     "PollResult",
     "RebalanceListener",
     "Record",
     "admin_settings",
+    "authorization_denied",
+    "is_authorization_error",
     "consumer_settings",
     "producer_settings",
+    "watcher_settings",
 ]
 
 log = logging.getLogger(__name__)
@@ -110,9 +123,35 @@ class GroupConsumer(Protocol):
         """Commit ``{partition: offset}`` asynchronously; the result reaches ``on_commit``."""
         ...
 
+    def rejoin(self) -> None:
+        """Ask the group coordinator for this member's assignment now, not at the next heartbeat.
+
+        A nudge only: whatever the coordinator answers arrives through the listener as usual.
+        Called on the polling thread, never from inside a listener callback.
+        """
+        ...
+
     def close(self) -> None:
         """Revoke (``on_revoke``), leave the group at once and release resources."""
         ...
+
+
+class LeaderTopicWatcher(Protocol):
+    """Reads chosen leader-topic partitions from their end, outside the group (no membership).
+
+    Followers use it to see release hints on the partitions of their roles as soon as they are
+    written (a long-poll fetch: the broker answers when a record arrives).
+    """
+
+    def watch(self, partitions: Sequence[int]) -> None:
+        """Read exactly these partitions from now on (from their end); [] stops reading."""
+        ...
+
+    def poll(self, timeout: float) -> PollResult:
+        """Return one record, a fault, or None after ``timeout`` seconds."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class HeartbeatProducer(Protocol):
@@ -160,6 +199,11 @@ class LeaderTopicAdmin(Protocol):
         """Set dynamic group settings (KIP-848 groups). Raises KafkaUnavailableError."""
         ...
 
+    def broker_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        """The settings of a broker of the cluster (group protocol and limits), or None if they
+        cannot be read (not allowed, or an old broker)."""
+        ...
+
     def group_config(self, group_id: str, timeout: float) -> Mapping[str, str] | None:
         """Return the group's dynamic settings, or None if they cannot be read."""
         ...
@@ -175,6 +219,31 @@ class KafkaClients(Protocol):
     def consumer(self, settings: Mapping[str, Any], topic: str) -> GroupConsumer: ...
 
     def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer: ...
+
+    def watcher(self, settings: Mapping[str, Any], topic: str) -> LeaderTopicWatcher: ...
+
+
+# -- denied ACLs ---------------------------------------------------------------------------------
+
+def authorization_denied(code: str, message: str = "") -> bool:
+    """True if a client error (code name, text) means the broker denied an ACL.
+
+    Waiting never fixes that, so callers raise :class:`AuthorizationError` at once instead of
+    treating it as "Kafka unavailable". librdkafka reports a consumer group it may not join as
+    a fatal error (code ``_FATAL``) whose text names the cause.
+    """
+    return code.endswith("_AUTHORIZATION_FAILED") or (
+        code == "_FATAL" and "authorization failed" in message.lower())
+
+
+def is_authorization_error(error: object) -> bool:
+    """:func:`authorization_denied` for a ``KafkaException`` or ``KafkaError`` object."""
+    if isinstance(error, BaseException):
+        args = getattr(error, "args", ())
+        error = args[0] if args else None
+    if error is None or not hasattr(error, "name"):
+        return False
+    return authorization_denied(_error_name(error), str(getattr(error, "str", str)()))
 
 
 # -- librdkafka settings -------------------------------------------------------------------------
@@ -196,7 +265,9 @@ def _common(r: ResolvedConfig) -> dict[str, Any]:
 
 
 def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
-    """The consumer's librdkafka settings for a resolved config."""
+    """The consumer's librdkafka settings for a resolved config (group protocol chosen)."""
+    if r.group_protocol not in ("classic", "consumer"):
+        raise ValueError("choose the group protocol first (topic.resolve_protocol)")
     settings = _common(r)
     settings.update({
         "group.id": r.group_id,
@@ -215,11 +286,13 @@ def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
             "heartbeat.interval.ms": _ms(r.group_heartbeat_interval),
             # librdkafka sends a classic-group heartbeat only when its main thread wakes up
             # (timers or requests), in practice every 0.5-1 s for an idle follower: too late
-            # for short sessions, and it delays hand-overs. The auto-commit timer wakes it
-            # often enough; with enable.auto.offset.store=false nothing is ever stored, so
-            # the timer commits nothing (librdkafka skips empty auto-commits silently).
+            # for short sessions. The auto-commit timer wakes it every half heartbeat interval,
+            # so heartbeats go out at most that late; with enable.auto.offset.store=false
+            # nothing is ever stored, so the timer commits nothing (librdkafka skips empty
+            # auto-commits silently). Hand-overs do not depend on it (release hints); a
+            # shorter timer only burns CPU in every waiting member.
             "enable.auto.commit": True,
-            "auto.commit.interval.ms": _ms(min(r.group_heartbeat_interval / 5, 0.01)),
+            "auto.commit.interval.ms": _ms(r.group_heartbeat_interval / 2),
         })
     else:
         # KIP-848: session and heartbeat are group settings on the broker (see topic.py)
@@ -243,6 +316,24 @@ def producer_settings(r: ResolvedConfig) -> dict[str, Any]:
     return settings
 
 
+def watcher_settings(r: ResolvedConfig) -> dict[str, Any]:
+    """The hint watcher's librdkafka settings: a group-less consumer that long-polls."""
+    settings = _common(r)
+    settings.update({
+        "client.id": f"neli-{r.name}-watch",
+        # librdkafka wants a group id even for assign(); this one never joins or commits
+        "group.id": f"{r.group_id}.watch",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "latest",
+        "enable.partition.eof": False,
+        # the broker holds the fetch until a record arrives: the wait costs nothing in
+        # latency, a long one saves wake-ups of an idle follower
+        "fetch.wait.max.ms": 1000,
+    })
+    return settings
+
+
 def admin_settings(r: ResolvedConfig) -> dict[str, Any]:
     """The admin client's librdkafka settings for a resolved config."""
     return _common(r)
@@ -257,22 +348,44 @@ def _error_name(err: Any) -> str:
         return str(err)
 
 
+def _code(exc: BaseException) -> str:
+    """The Kafka error name inside a KafkaException ("" if there is none)."""
+    args = getattr(exc, "args", ())
+    return _error_name(args[0]) if args and hasattr(args[0], "name") else ""
+
+
 class _ConfluentConsumer:
     def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
         from confluent_kafka import Consumer
 
         self._topic = topic
         self._listener: RebalanceListener | None = None
+        self._classic = settings.get("group.protocol", "classic") == "classic"
+        # the same topic, spelt as an anchored regex (librdkafka: '^' starts a regex)
+        self._alias = "^" + topic.replace(".", "[.]") + "$"
+        self._aliased = False
         conf = dict(settings)
         conf["on_commit"] = self._on_commit
         self._consumer = Consumer(conf)
 
     def subscribe(self, listener: RebalanceListener) -> None:
         self._listener = listener
-        self._consumer.subscribe(
-            [self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._subscribe([self._topic])
+
+    def _subscribe(self, topics: list[str]) -> None:
+        self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
+
+    def rejoin(self) -> None:
+        if not self._classic:
+            # KIP-848: a subscribe call makes librdkafka send its next heartbeat at once
+            self._subscribe([self._topic])
+            return
+        # Classic: librdkafka ignores a subscribe with an unchanged topic list, but rejoins at
+        # once when the list changes. Alternate between two spellings of the same topic: the
+        # member subscribes to exactly one topic either way, only the JoinGroup is sent now.
+        self._aliased = not self._aliased
+        self._subscribe([self._topic, self._alias] if self._aliased else [self._topic])
 
     def _tps(self, partitions: Sequence[int], starts: Mapping[int, int] | None = None) -> list[Any]:
         from confluent_kafka import OFFSET_INVALID, TopicPartition
@@ -323,8 +436,9 @@ class _ConfluentConsumer:
             return None
         err = msg.error()
         if err is not None:
-            return ConsumerFault(code=_error_name(err), message=str(err.str()),
-                                 fatal=bool(err.fatal()))
+            code = _error_name(err)
+            return ConsumerFault(code=code, message=str(err.str()),
+                                 fatal=bool(err.fatal()) or code == "_FATAL")
         ts_type, ts = msg.timestamp()
         return Record(
             partition=msg.partition(), offset=msg.offset(), key=msg.key(), value=msg.value(),
@@ -342,6 +456,34 @@ class _ConfluentConsumer:
         self._consumer.close()
 
 
+class _ConfluentWatcher:
+    def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
+        from confluent_kafka import Consumer
+
+        self._topic = topic
+        self._consumer = Consumer(dict(settings))
+
+    def watch(self, partitions: Sequence[int]) -> None:
+        from confluent_kafka import OFFSET_END as END
+        from confluent_kafka import TopicPartition
+
+        self._consumer.assign([TopicPartition(self._topic, p, END) for p in partitions])
+
+    def poll(self, timeout: float) -> PollResult:
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return None
+        err = msg.error()
+        if err is not None:
+            return ConsumerFault(code=_error_name(err), message=str(err.str()),
+                                 fatal=bool(err.fatal()))
+        return Record(partition=msg.partition(), offset=msg.offset(), key=msg.key(),
+                      value=msg.value(), timestamp_ms=None, log_append_time=False)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 class _ConfluentProducer:
     def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
         from confluent_kafka import Producer
@@ -351,6 +493,8 @@ class _ConfluentProducer:
 
     def send(self, partition: int, key: bytes, value: bytes,
              on_delivery: DeliveryCallback | None = None) -> None:
+        from confluent_kafka import KafkaException
+
         def delivered(err: Any, msg: Any) -> None:
             if on_delivery is None:
                 return
@@ -367,6 +511,11 @@ class _ConfluentProducer:
             # will lapse on its own, a lost heartbeat changes nothing
             if on_delivery is not None:
                 on_delivery(None, "_QUEUE_FULL")
+        except KafkaException as exc:
+            # refused before sending, e.g. TOPIC_AUTHORIZATION_FAILED from cached metadata
+            if on_delivery is None:
+                raise
+            on_delivery(None, _error_name(exc.args[0]) if exc.args else repr(exc))
 
     def poll(self, timeout: float) -> None:
         self._producer.poll(timeout)
@@ -387,13 +536,32 @@ class _ConfluentAdmin:
         from confluent_kafka.admin import AdminClient
 
         self._servers = settings.get("bootstrap.servers")
-        self._admin = AdminClient(dict(settings))
+        self._auth_error: str | None = None
+        conf = dict(settings)
+        conf.setdefault("error_cb", self._on_error)
+        self._admin = AdminClient(conf)
 
-    def _unavailable(self, what: str, exc: BaseException) -> KafkaUnavailableError:
+    def _on_error(self, err: Any) -> None:
+        # A rejected login shows up only here; the failed request itself says _TRANSPORT.
+        if _error_name(err) in ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"):
+            self._auth_error = str(err.str())
+
+    def _unavailable(self, what: str, exc: BaseException, fix: str = "") -> NeliError:
         code = ""
         args = getattr(exc, "args", ())
         if args and hasattr(args[0], "name"):
             code = _error_name(args[0])
+        with contextlib.suppress(Exception):
+            self._admin.poll(0)  # serve error_cb: was the login refused?
+        if self._auth_error is not None:
+            return PermanentKafkaError(
+                f"{what} failed: the cluster at {self._servers!r} refused this client's "
+                f"credentials ({self._auth_error}); check sasl.username, sasl.password, "
+                f"sasl.mechanism and security.protocol")
+        if authorization_denied(code):
+            return AuthorizationError(
+                f"{what} was denied by the broker ({code}): {fix or 'grant the ACL it needs'};"
+                f" docs/security.md lists every ACL a member needs")
         if code in ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE", ""):
             hint = (f"is the cluster at bootstrap.servers={self._servers!r} running and "
                     f"reachable (listeners, DNS, firewall, security settings)?")
@@ -417,6 +585,11 @@ class _ConfluentAdmin:
             if meta.error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
                                      KafkaError._UNKNOWN_TOPIC):
                 return None
+            if meta.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                raise AuthorizationError(
+                    f"the broker denied describing topic {topic!r} "
+                    f"(TOPIC_AUTHORIZATION_FAILED): grant the member's principal READ and "
+                    f"WRITE on it (they imply DESCRIBE); docs/security.md lists every ACL")
             raise KafkaUnavailableError(
                 f"the cluster at {self._servers!r} refused to describe topic {topic!r}: "
                 f"{meta.error.str()}"
@@ -440,7 +613,9 @@ class _ConfluentAdmin:
                     err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 return
             raise self._unavailable(
-                f"creating leader topic {topic!r} with {partitions} partition(s)", exc
+                f"creating leader topic {topic!r} with {partitions} partition(s)", exc,
+                f"grant CREATE on topic {topic!r}, or create it with {partitions} partition(s)"
+                f" and set NeliConfig.create_topic=False",
             ) from exc
         except Exception as exc:  # noqa: BLE001 - e.g. a future timeout
             raise KafkaUnavailableError(
@@ -480,6 +655,22 @@ class _ConfluentAdmin:
             futures = self._admin.incremental_alter_configs([resource], request_timeout=timeout)
             next(iter(futures.values())).result(timeout=timeout + 5)
         except Exception as exc:  # noqa: BLE001
+            error = self._unavailable(
+                f"setting {dict(settings)} on consumer group {group_id!r}", exc,
+                f"grant ALTER_CONFIGS on group {group_id!r}, or set the group's "
+                f"{', '.join(settings)} with kafka-configs --entity-type groups and set "
+                f"NeliConfig.apply_group_config=False")
+            if isinstance(error, AuthorizationError):
+                raise error from exc
+            if _code(exc) in ("INVALID_CONFIG", "INVALID_REQUEST"):
+                # The broker validated and refused the values (outside its group.consumer.*
+                # limits): a setup fault that no wait or retry cures.
+                raise SessionTimeoutRejectedError(
+                    f"the broker refuses {dict(settings)} for consumer group {group_id!r}: "
+                    f"{exc}; choose a session timeout and group heartbeat within the broker's "
+                    f"group.consumer.min/max.session.timeout.ms and "
+                    f"group.consumer.min/max.heartbeat.interval.ms"
+                ) from exc
             raise KafkaUnavailableError(
                 f"setting {dict(settings)} on consumer group {group_id!r} failed: {exc}"
             ) from exc
@@ -488,6 +679,31 @@ class _ConfluentAdmin:
         from confluent_kafka.admin import ResourceType
 
         return self._describe(ResourceType.GROUP, group_id, timeout)
+
+    # Broker settings are static for a process's life in practice: read once per cluster.
+    _broker_configs: dict[str, Mapping[str, str]] = {}
+    _broker_lock = threading.Lock()
+
+    def broker_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        from confluent_kafka.admin import ResourceType
+
+        key = str(self._servers)
+        with self._broker_lock:
+            known = self._broker_configs.get(key)
+        if known is not None:
+            return known
+        try:
+            brokers = sorted(self._admin.list_topics(topic=topic, timeout=timeout).brokers)
+        except Exception:  # noqa: BLE001 - the topic checks report an unreachable cluster
+            log.debug("listing the brokers failed", exc_info=True)
+            return None
+        if not brokers:
+            return None
+        settings = self._describe(ResourceType.BROKER, str(brokers[0]), timeout)
+        if settings is not None:
+            with self._broker_lock:
+                self._broker_configs[key] = settings
+        return settings
 
     def close(self) -> None:
         # AdminClient has no close(); dropping the reference destroys the handle
@@ -505,6 +721,9 @@ class ConfluentKafka:
 
     def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer:
         return _ConfluentProducer(settings, topic)
+
+    def watcher(self, settings: Mapping[str, Any], topic: str) -> LeaderTopicWatcher:
+        return _ConfluentWatcher(settings, topic)
 
     def __repr__(self) -> str:
         return "ConfluentKafka()"

@@ -13,6 +13,12 @@ partition writes heartbeats to that partition and reads them back; it leads whil
 partition and its *own* newest heartbeat, and its newest accepted offset commit (proof of
 group membership), are younger than ``heartbeat_timeout``. See ``docs/protocol.md``.
 
+Release hints (Fast NELI, ``release_hints=True``): a member that closes writes a hint to the
+partitions it held *after* leaving the group; followers read the partitions of their roles
+outside the group and, on a hint, ask the coordinator for their assignment at once instead of
+at their next group heartbeat. The hint grants nothing: the successor still needs the
+assignment, its own heartbeat read back and an accepted commit.
+
 Threads: ``pulse``/``background`` poll Kafka, and the barrier runs on the polling thread
 (the revoke barrier on a helper thread, see :meth:`Neli.pulse`). ``is_leader``/``leads``
 may be read from any thread: they are computed from the clock when read. ``close()`` may be
@@ -41,7 +47,7 @@ from neli_orchestrate.core.events import (
     LeaderRevoked,
 )
 from neli_orchestrate.core.full import FullNeliState
-from neli_orchestrate.core.heartbeat import Heartbeat, decode_heartbeat
+from neli_orchestrate.core.heartbeat import Heartbeat, ReleaseHint, decode_heartbeat, decode_hint
 from neli_orchestrate.core.kafka import (
     MAX_POLL_EXCEEDED,
     OFFSET_END,
@@ -50,16 +56,25 @@ from neli_orchestrate.core.kafka import (
     GroupConsumer,
     HeartbeatProducer,
     KafkaClients,
+    LeaderTopicWatcher,
     Record,
     admin_settings,
+    authorization_denied,
     consumer_settings,
     producer_settings,
+    watcher_settings,
 )
 from neli_orchestrate.core.pulser import Pulser
 from neli_orchestrate.core.roles import Role
 from neli_orchestrate.core.state import LeadershipState
-from neli_orchestrate.core.topic import prepare_group, prepare_leader_topic
-from neli_orchestrate.errors import ConfigError, KafkaUnavailableError, NeliError
+from neli_orchestrate.core.topic import prepare_group, prepare_leader_topic, resolve_protocol
+from neli_orchestrate.errors import (
+    AuthorizationError,
+    ConfigError,
+    KafkaUnavailableError,
+    NeliError,
+    SessionTimeoutRejectedError,
+)
 
 __all__ = ["FastNeliState", "Neli", "NeliLike"]
 
@@ -68,6 +83,14 @@ log = logging.getLogger(__name__)
 _MAX_POLL_SLICE = 0.1   # close() waits at most this long for a pulse in progress
 _DRAIN = 500            # records handled per poll before the loop re-evaluates
 _MAX_PENDING = 1024     # own heartbeats awaiting read-back, per partition
+# After a release hint: nudge at once, and again after these delays while no assignment has
+# come. The hint is written when the departing leader's revoke barrier has finished, just
+# before its LeaveGroup, so it can overtake the leave: a KIP-848 heartbeat that arrives first
+# brings nothing new (retry soon); a classic rejoin starts a rebalance that the leave then
+# completes (one retry, late, in case the rejoin itself was lost).
+_NUDGE_RETRIES = {"consumer": (0.03, 0.1, 0.25), "classic": (0.25,)}
+_NUDGE_RETRY = 0.25   # the last retry of either protocol
+_HINT_FLUSH = 0.5       # how long close() waits for its release hints to be written
 
 
 class FastNeliState(LeadershipState):
@@ -202,6 +225,12 @@ class Neli:
         self._warned: dict[str, int] = {}
         self._consumer: GroupConsumer | None = None
         self._producer: HeartbeatProducer | None = None
+        self._watcher: LeaderTopicWatcher | None = None
+        self._watched: tuple[int, ...] = ()
+        self._seen: dict[int, float] = {}      # watched partition -> when a record was read
+        self._retry_nudge: float | None = None
+        self._nudge_plan: list[float] = []
+        self._hinted: set[int] = set()          # partitions whose release hint is written
 
         clients: KafkaClients = kafka if kafka is not None else ConfluentKafka()
         try:
@@ -215,6 +244,7 @@ class Neli:
             ) from exc
         try:
             self._partitions = prepare_leader_topic(admin, r)
+            r = self._r = resolve_protocol(admin.broker_config(r.topic, r.request_timeout), r)
             prepare_group(admin, r)
         finally:
             admin.close()
@@ -233,6 +263,9 @@ class Neli:
         try:
             self._producer = clients.producer(producer_settings(r), r.topic)
             self._consumer = clients.consumer(consumer_settings(r), r.topic)
+            if r.release_hints:
+                self._watcher = clients.watcher(watcher_settings(r), r.topic)
+                self._rewatch()
             self._consumer.subscribe(_Listener(self))
         except Exception as exc:
             self._release_clients()
@@ -286,6 +319,7 @@ class Neli:
         data["membership_proven_at"] = self._state.membership_proven_at
         data["assigned_partitions"] = self._state.assigned_partitions()
         data["events"] = self._events_emitted
+        data["watched_partitions"] = list(self._watched)
         return data
 
     # -- leadership ----------------------------------------------------------------------------
@@ -367,11 +401,21 @@ class Neli:
                 now = clock.monotonic()
                 self._emit(self._state.evaluate(now, clock.time()))
                 self._send_heartbeats(now)
+                self._nudge_if_due(now)
                 wake = self._state.next_wakeup(now)
                 step = min(deadline - now, _MAX_POLL_SLICE)
                 if wake is not None:
                     step = min(step, wake - now)
-                self._poll(max(0.0, step))
+                if self._retry_nudge is not None:
+                    step = min(step, self._retry_nudge - now)
+                if self._watch_first(now):
+                    # An idle follower: block on the watched partitions, where a hint (or the
+                    # leader's heartbeat) arrives; then serve the group's callbacks.
+                    self._poll_watcher(max(0.0, step))
+                    self._poll(0.0)
+                else:
+                    self._poll(max(0.0, step))
+                    self._poll_watcher(0.0)
                 assert self._producer is not None
                 self._producer.poll(0)
                 now = clock.monotonic()
@@ -411,13 +455,25 @@ class Neli:
         with self._io_lock:
             if self._closed.is_set():
                 return
+            held = [p for p in self._state.assigned_partitions()
+                    if p in self._state.partition_roles]
+            left = False
             try:
                 if self._consumer is not None:
                     self._consumer.close()  # on_revoke -> barrier -> LeaveGroup
+                    left = True
             except Exception:  # noqa: BLE001 - closing continues; leadership ends regardless
                 log.warning("closing the consumer of member %s failed", self._member_id,
                             exc_info=True)
             finally:
+                rest = [p for p in held if p not in self._hinted]
+                if left and rest and self._r.release_hints:
+                    self._write_release_hints(rest)
+                if self._hinted and self._producer is not None:
+                    try:
+                        self._producer.flush(min(_HINT_FLUSH, self._r.request_timeout))
+                    except Exception:  # noqa: BLE001 - a lost hint only slows a hand-over
+                        log.debug("flushing release hints failed", exc_info=True)
                 self._emit(self._state.close(self._clock.monotonic(), self._clock.time()))
                 self._release_clients(consumer_closed=True)
                 self._closed.set()
@@ -435,6 +491,23 @@ class Neli:
         return (f"Neli(member={self._member_id!r}, group={self._r.group_id!r}, "
                 f"topic={self._r.topic!r}, {state})")
 
+    def _write_release_hints(self, partitions: Sequence[int]) -> None:
+        """Tell followers watching ``partitions`` to ask the coordinator for them now.
+
+        Queued, not awaited: ``close()`` flushes once the member has left the group.
+        """
+        if self._producer is None:
+            return
+        key, value = ReleaseHint(member=self._member_id, sent_wall=self._clock.time()).encode()
+        try:
+            for p in partitions:
+                self._producer.send(p, key, value)
+                self._hinted.add(p)
+        except Exception:  # noqa: BLE001 - a lost hint only slows the hand-over down
+            log.debug("release hint of member %s not written", self._member_id, exc_info=True)
+        log.debug("member %s wrote release hints to partition(s) %s", self._member_id,
+                  list(partitions))
+
     def _release_clients(self, consumer_closed: bool = False) -> None:
         if self._consumer is not None and not consumer_closed:
             try:
@@ -442,6 +515,12 @@ class Neli:
             except Exception:  # noqa: BLE001
                 log.debug("closing consumer failed", exc_info=True)
         self._consumer = None
+        if self._watcher is not None:
+            try:
+                self._watcher.close()
+            except Exception:  # noqa: BLE001
+                log.debug("closing the hint watcher failed", exc_info=True)
+        self._watcher = None
         if self._producer is not None:
             try:
                 self._producer.close()
@@ -464,16 +543,107 @@ class Neli:
             result = self._consumer.poll(0)
             self._last_poll = self._clock.monotonic()
 
+    # -- internals: release hints -------------------------------------------------------------
+
+    def _rewatch(self) -> None:
+        """Watch exactly the role partitions not assigned to this member."""
+        if self._watcher is None:
+            return
+        assigned = set(self._state.assigned_partitions())
+        watched = tuple(sorted(p for p in self._state.partition_roles if p not in assigned))
+        if watched == self._watched:
+            return
+        self._watched = watched
+        self._seen = {p: t for p, t in self._seen.items() if p in watched}
+        if not watched:
+            self._retry_nudge = None
+            self._nudge_plan = []
+        try:
+            self._watcher.watch(watched)
+        except Exception as exc:  # noqa: BLE001 - without hints hand-overs are only slower
+            self._warn_once("watch", "member %s cannot watch partition(s) %s for release "
+                            "hints: %s", self._member_id, list(watched), exc)
+
+    def _watch_first(self, now: float) -> bool:
+        """Block on the watcher rather than the group consumer?
+
+        Only for a member that holds no partition (nothing of its own to read back) and while
+        every watched partition shows a live leader (a record within two heartbeat
+        intervals): then a hint is the likely next event. Otherwise the group's callbacks
+        come first (an assignment after a crash, a nudge being answered).
+        """
+        if not self._watched or self._retry_nudge is not None:
+            return False
+        if self._state.assigned_partitions():
+            return False
+        quiet = 2 * self._r.heartbeat_interval
+        return all(now - self._seen.get(p, -math.inf) < quiet for p in self._watched)
+
+    def _poll_watcher(self, timeout: float) -> None:
+        if self._watcher is None or not self._watched:
+            return
+        result = self._watcher.poll(timeout)
+        handled = 0
+        while result is not None:
+            if isinstance(result, ConsumerFault):
+                self._warn_once(f"watch:{result.code}", "hint watcher of member %s: %s: %s",
+                                self._member_id, result.code, result.message)
+            elif result.partition in self._watched:
+                now = self._clock.monotonic()
+                self._seen[result.partition] = now
+                hint = decode_hint(result.value)
+                if hint is not None and hint.member != self._member_id:
+                    self._on_hint(result.partition, hint, now)
+            handled += 1
+            if handled >= _DRAIN:
+                break
+            result = self._watcher.poll(0)
+
+    def _on_hint(self, partition: int, hint: ReleaseHint, now: float) -> None:
+        self._state.counters["hints_read"] = self._state.counters.get("hints_read", 0) + 1
+        log.debug("member %s read a release hint of %s on partition %d", self._member_id,
+                  hint.member, partition)
+        self._seen.pop(partition, None)   # the leader is gone: the group comes first now
+        self._nudge(now)
+        self._nudge_plan = [now + d for d in _NUDGE_RETRIES[self._r.group_protocol]]
+        self._retry_nudge = self._nudge_plan.pop(0)
+
+    def _nudge_if_due(self, now: float) -> None:
+        if self._retry_nudge is not None and now >= self._retry_nudge:
+            self._retry_nudge = self._nudge_plan.pop(0) if self._nudge_plan else None
+            if self._watched:
+                self._nudge(now)
+
+    def _nudge(self, now: float) -> None:
+        """Ask the coordinator for our assignment now. Grants nothing by itself."""
+        if self._consumer is None:
+            return
+        self._state.counters["nudges"] = self._state.counters.get("nudges", 0) + 1
+        try:
+            self._consumer.rejoin()
+        except Exception as exc:  # noqa: BLE001 - the next group heartbeat does the same
+            self._warn_once("rejoin", "member %s could not ask for its assignment early: %s",
+                            self._member_id, exc)
+
     def _handle(self, result: Record | ConsumerFault) -> None:
         now, wall = self._clock.monotonic(), self._clock.time()
         self._emit(self._state.evaluate(now, wall))
         if isinstance(result, Record):
             self._state.record(result, now, wall)
             return
-        if result.code == MAX_POLL_EXCEEDED:
+        if authorization_denied(result.code, result.message):
+            self._fail(self._denied(result.code, result.message))
+        elif result.code == MAX_POLL_EXCEEDED:
             log.error("member %s did not pulse within max_poll_interval=%g s and left the "
                       "group: fencing every role", self._member_id, self._r.max_poll_interval)
             self._emit(self._state.lose_all(now, wall, REASON_MAX_POLL))
+        elif result.code == "INVALID_SESSION_TIMEOUT":
+            # The broker refuses our session on every join: the member would never lead, and
+            # callers would wait as if someone else did. Fail now, saying what to change.
+            self._fail(SessionTimeoutRejectedError(
+                f"the broker refuses session_timeout={self._r.session_timeout:g} s for group "
+                f"{self._r.group_id!r} ({result.message}); choose one within the broker's "
+                f"group.min.session.timeout.ms and group.max.session.timeout.ms"))
         elif result.fatal:
             self._fail(KafkaUnavailableError(
                 f"fatal Kafka error in member {self._member_id}: {result.code}: "
@@ -488,6 +658,13 @@ class Neli:
         log.error("%s", error)
         self._emit(self._state.lose_all(now, wall, REASON_FATAL))
         self._emit(self._state.close(now, wall, REASON_FATAL))
+
+    def _denied(self, code: str, message: str) -> AuthorizationError:
+        r = self._r
+        return AuthorizationError(
+            f"Kafka denied member {self._member_id} ({code}: {message}): its principal needs "
+            f"READ on consumer group {r.group_id!r} and READ and WRITE on leader topic "
+            f"{r.topic!r} (kafka-acls --add ...; docs/security.md lists every ACL)")
 
     def _raise_if_fatal(self) -> None:
         if self._fatal is not None:
@@ -516,7 +693,10 @@ class Neli:
 
     def _delivery_report(self, partition: int) -> Callable[[int | None, str | None], None]:
         def report(offset: int | None, error: str | None) -> None:
-            if error is not None:
+            if error is not None and authorization_denied(error):
+                if self._fatal is None:
+                    self._fail(self._denied(error, "heartbeat refused"))
+            elif error is not None:
                 self._warn_once(f"delivery:{error}", "heartbeat of member %s to partition %d "
                                 "not delivered: %s", self._member_id, partition, error)
         return report
@@ -619,6 +799,7 @@ class Neli:
         for p, o in known.items():
             self._state.set_position(p, o)
         self._commit(known, now)
+        self._rewatch()
         return starts
 
     def _first_heartbeat(self, partition: int, now: float, wall: float) -> int | None:
@@ -650,6 +831,12 @@ class Neli:
         log.info("member %s: partition(s) %s revoked", self._member_id, list(partitions))
         self._run_revoke_barrier(self._state.revoke(partitions, now, wall,
                                                     closing=self._closing.is_set()))
+        if not self._closing.is_set():
+            self._rewatch()
+        elif self._r.release_hints:
+            # Closing: the barrier is done and LeaveGroup follows this callback. Hint now, so
+            # followers ask for the partition while the leave is on its way.
+            self._write_release_hints([p for p in partitions if p in self._state.partition_roles])
 
     def _on_lost(self, partitions: Sequence[int]) -> None:
         now, wall = self._clock.monotonic(), self._clock.time()
@@ -657,6 +844,8 @@ class Neli:
         log.warning("member %s: partition(s) %s lost (another member may own them)",
                     self._member_id, list(partitions))
         self._emit(self._state.lose(partitions, now, wall, REASON_PARTITION_LOST))
+        if not self._closing.is_set():
+            self._rewatch()
 
     def _on_commit(self, offsets: Mapping[int, int], error: str | None) -> None:
         now, wall = self._clock.monotonic(), self._clock.time()

@@ -6,14 +6,22 @@ error at start-up rather than a member that silently never leads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 
-from neli_orchestrate.core.config import ResolvedConfig
+from neli_orchestrate.core.config import GroupProtocol, ResolvedConfig, _resolve_assignor
 from neli_orchestrate.core.kafka import LeaderTopicAdmin
-from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
+from neli_orchestrate.errors import (
+    ConfigError,
+    KafkaUnavailableError,
+    SessionTimeoutRejectedError,
+    TopicMismatchError,
+)
 
-__all__ = ["GROUP_HEARTBEAT_KEY", "GROUP_SESSION_KEY", "prepare_group", "prepare_leader_topic"]
+__all__ = ["GROUP_HEARTBEAT_KEY", "GROUP_SESSION_KEY", "check_session_limits",
+           "choose_group_protocol", "prepare_group", "prepare_leader_topic", "resolve_protocol"]
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +38,7 @@ def prepare_leader_topic(admin: LeaderTopicAdmin, r: ResolvedConfig) -> int:
     count = admin.partition_count(r.topic, r.request_timeout)
     if count is None:
         if not r.create_topic:
-            raise KafkaUnavailableError(
+            raise TopicMismatchError(
                 f"leader topic {r.topic!r} does not exist and NeliConfig.create_topic is False; "
                 f"create it (e.g. {r.partitions_to_create} partition(s)) or allow creation"
             )
@@ -54,7 +62,7 @@ def prepare_leader_topic(admin: LeaderTopicAdmin, r: ResolvedConfig) -> int:
                 f"retry, or raise NeliConfig.request_timeout"
             )
     if r.partitions is not None and count != r.partitions:
-        raise KafkaUnavailableError(
+        raise TopicMismatchError(
             f"leader topic {r.topic!r} has {count} partition(s) but NeliConfig.partitions="
             f"{r.partitions}: every member must map roles to the same partitions (role j -> "
             f"partition j mod M); set partitions={count} (or None to accept the topic), or "
@@ -67,7 +75,7 @@ def prepare_leader_topic(admin: LeaderTopicAdmin, r: ResolvedConfig) -> int:
                         "message.timestamp.type=LogAppendTime and will ignore records with "
                         "producer timestamps", r.topic)
         elif topic_settings.get("message.timestamp.type") != "LogAppendTime":
-            raise KafkaUnavailableError(
+            raise TopicMismatchError(
                 f"leader topic {r.topic!r} uses message.timestamp.type="
                 f"{topic_settings.get('message.timestamp.type')!r}; Full NELI needs the "
                 f"broker's clock: set it to LogAppendTime (kafka-configs --alter --entity-type "
@@ -94,14 +102,20 @@ def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, fl
         GROUP_HEARTBEAT_KEY: str(max(1, round(r.group_heartbeat_interval * 1000))),
     }
     applied = False
-    if r.apply_group_config:
+    current = admin.group_config(r.group_id, r.request_timeout)
+    # Every member of the group writes the same values: only the first needs to. Reading is
+    # one round trip to a broker; a change goes through the controller (slower start).
+    already = bool(current) and all(current.get(k) == v for k, v in wanted.items())
+    if r.apply_group_config and not already:
         try:
             admin.alter_group_config(r.group_id, wanted, r.request_timeout)
             applied = True
+        except SessionTimeoutRejectedError:
+            raise  # the broker's limits refuse our values: waiting or falling back hides it
         except KafkaUnavailableError as exc:
             log.warning("could not set the session and heartbeat of group %r (%s); the "
                         "broker's values apply", r.group_id, exc)
-    current = admin.group_config(r.group_id, r.request_timeout)
+        current = admin.group_config(r.group_id, r.request_timeout)
     # Dynamic configs travel through the controller's metadata log: the broker may show the
     # old values for a moment after an accepted change. Wait for ours to become visible.
     deadline = time.monotonic() + r.request_timeout
@@ -137,3 +151,106 @@ def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, fl
                     " crash failover takes about the broker's value", r.group_id, session,
                     r.session_timeout)
     return session, heartbeat
+
+
+# Broker settings (Kafka >= 3.7) that say whether KIP-848 groups exist and what they accept.
+_PROTOCOLS_KEY = "group.coordinator.rebalance.protocols"
+_LIMITS: Mapping[str, tuple[str, str, str, str]] = {
+    # protocol: (min session, max session, min heartbeat, max heartbeat) broker settings
+    "classic": ("group.min.session.timeout.ms", "group.max.session.timeout.ms", "", ""),
+    "consumer": ("group.consumer.min.session.timeout.ms", "group.consumer.max.session.timeout.ms",
+                 "group.consumer.min.heartbeat.interval.ms",
+                 "group.consumer.max.heartbeat.interval.ms"),
+}
+
+
+def _limit(broker: Mapping[str, str], key: str) -> float | None:
+    try:
+        return int(broker[key]) / 1000 if key and key in broker else None
+    except ValueError:
+        return None
+
+
+def _session_problem(broker: Mapping[str, str], protocol: str, r: ResolvedConfig) -> str | None:
+    """Why the broker would refuse this member's session (or heartbeat) under ``protocol``."""
+    if protocol == "consumer" and not r.apply_group_config:
+        return None  # the group's values at the broker apply; prepare_group checks them
+    lo_s, hi_s, lo_h, hi_h = (_limit(broker, key) for key in _LIMITS[protocol])
+    keys = _LIMITS[protocol]
+    if lo_s is not None and r.session_timeout < lo_s:
+        return (f"session_timeout={r.session_timeout:g} s is below the broker's {keys[0]}="
+                f"{lo_s * 1000:.0f}")
+    if hi_s is not None and r.session_timeout > hi_s:
+        return (f"session_timeout={r.session_timeout:g} s is above the broker's {keys[1]}="
+                f"{hi_s * 1000:.0f}")
+    if lo_h is not None and r.group_heartbeat_interval < lo_h:
+        return (f"group_heartbeat_interval={r.group_heartbeat_interval:g} s is below the "
+                f"broker's {keys[2]}={lo_h * 1000:.0f}")
+    if hi_h is not None and r.group_heartbeat_interval > hi_h:
+        return (f"group_heartbeat_interval={r.group_heartbeat_interval:g} s is above the "
+                f"broker's {keys[3]}={hi_h * 1000:.0f}")
+    return None
+
+
+def check_session_limits(broker: Mapping[str, str] | None, protocol: str,
+                         r: ResolvedConfig) -> None:
+    """Raise :class:`SessionTimeoutRejectedError` at once if the broker would refuse the session.
+
+    Without this the member would never join (classic: JoinGroup fails with
+    INVALID_SESSION_TIMEOUT on every attempt), and callers would wait as if another member led.
+    """
+    problem = None if broker is None else _session_problem(broker, protocol, r)
+    if problem is not None:
+        raise SessionTimeoutRejectedError(
+            f"the broker refuses the {protocol} group {r.group_id!r}: {problem}; change "
+            f"NeliConfig.session_timeout / group_heartbeat_interval (or the profile) to fit, or "
+            f"ask the Kafka operators to widen the broker's limits"
+        )
+
+
+def choose_group_protocol(broker: Mapping[str, str] | None,
+                          r: ResolvedConfig) -> tuple[GroupProtocol, str]:
+    """The group protocol this member uses, and why (for the log).
+
+    An explicit ``group_protocol`` wins. ``"auto"`` takes KIP-848 (``consumer``) when the
+    broker enables it and accepts this member's session timeout, else classic: KIP-848 joins
+    do not stop the leader's group heartbeats, so a contender joining and leaving cannot
+    stall or fence the leader; classic works with every broker and with short sessions that a
+    production broker's KIP-848 minimum (45 s by default) refuses.
+    """
+    if r.group_protocol != "auto":
+        return r.group_protocol, "configured (NeliConfig.group_protocol)"
+    if broker is None:
+        return "classic", ("the broker's configuration is not readable (DescribeConfigs on the "
+                           "cluster denied or unsupported); classic works with every broker; "
+                           "set group_protocol='consumer' to use KIP-848")
+    protocols = broker.get(_PROTOCOLS_KEY)
+    if protocols is None:
+        return "classic", (f"the broker predates KIP-848 (no {_PROTOCOLS_KEY} setting; Kafka "
+                           f"4.0 or later has it)")
+    if "consumer" not in [p.strip() for p in protocols.split(",")]:
+        return "classic", f"the broker does not enable KIP-848 ({_PROTOCOLS_KEY}={protocols})"
+    problem = _session_problem(broker, "consumer", r)
+    if problem is not None:
+        return "classic", (f"the broker supports KIP-848 but refuses this member's timing there "
+                           f"({problem}); raise session_timeout, or lower the broker's limit, "
+                           f"to use KIP-848")
+    return "consumer", f"the broker supports KIP-848 ({_PROTOCOLS_KEY}={protocols})"
+
+
+_told: set[tuple[str, str, str]] = set()
+
+
+def resolve_protocol(broker: Mapping[str, str] | None, r: ResolvedConfig) -> ResolvedConfig:
+    """``r`` with the group protocol chosen (and checked against the broker's limits)."""
+    protocol, why = choose_group_protocol(broker, r)
+    check_session_limits(broker, protocol, r)
+    # Said once per cluster and reason at INFO (a member is created per claim), then at DEBUG.
+    first = (r.bootstrap_servers, protocol, why) not in _told
+    _told.add((r.bootstrap_servers, protocol, why))
+    log.log(logging.INFO if first else logging.DEBUG,
+            "group %r uses the %s group protocol: %s", r.group_id, protocol, why)
+    if protocol == r.group_protocol:
+        return r
+    return dataclasses.replace(r, group_protocol=protocol,
+                               assignor=_resolve_assignor(protocol, None))

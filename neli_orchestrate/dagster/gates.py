@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,7 @@ def leader_gate_op(
     def _gate(context):  # type: ignore[no-untyped-def]
         neli: NeliResource = getattr(context.resources, resource_key)
         key = run_key(context) if callable(run_key) else (run_key or default_run_key(context))
+        began = time.monotonic()
         reservation = neli.reserve(context, role, key)
         if reservation.should_run:
             context.log.info(
@@ -90,6 +92,9 @@ def leader_gate_op(
                     "deployment": neli.deployment,
                     "role": role,
                     "run_key": key,
+                    "neli_outcome": str(reservation.outcome),
+                    "claimed_at": dg.MetadataValue.timestamp(time.time()),
+                    "time_to_lead": dg.MetadataValue.float(round(time.monotonic() - began, 3)),
                 },
             )
             return

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
 import dagster as dg
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from neli_orchestrate.core import NeliConfig
+from neli_orchestrate.core.config import PROFILES, PROTECTED_KAFKA_SETTINGS, GroupProtocol
 from neli_orchestrate.dagster.run import NeliRun, default_role, default_run_key
 from neli_orchestrate.decision import Outcome
-from neli_orchestrate.errors import ConfigError, FencedError, StaleTokenError
+from neli_orchestrate.errors import FencedError, StaleTokenError
 from neli_orchestrate.ledger import LedgerRecord
 from neli_orchestrate.singleton import Reservation, Singleton, SingletonConfig
 
@@ -63,16 +65,19 @@ class NeliResource(dg.ConfigurableResource):
     """
 
     bootstrap_servers: str = Field(
-        description="Kafka bootstrap servers shared by every deployment, e.g. 'kafka:9092'."
+        min_length=1,
+        description="Kafka bootstrap servers shared by every deployment, e.g. 'kafka:9092'.",
     )
     deployment: str = Field(
+        min_length=1,
+        pattern=r"\S",
         description="Id of this Dagster deployment (region), e.g. 'us-east-1'; unique per "
-        "deployment, recorded in the run ledger."
+        "deployment, recorded in the run ledger.",
     )
     namespace: str = Field(
-        default="neli",
-        description="NELI group id acting as namespace: a role's consumer group and leader "
-        "topic derive from it. Must be the same in every deployment.",
+        description="Namespace every Kafka name derives from (role groups '<namespace>.<role>', "
+        "leader topic '<namespace>.neli', ledger '<namespace>.ledger'). Required; the same in "
+        "every deployment that shares runs, whatever front door it uses.",
     )
     ledger_topic: str | None = Field(
         default=None,
@@ -84,13 +89,20 @@ class NeliResource(dg.ConfigurableResource):
         description="Extra librdkafka settings (security.protocol, sasl.*, ssl.*); pass "
         "secrets as EnvVar. Settings the protocol depends on are refused.",
     )
+    group_protocol: str | None = Field(
+        default=None,
+        description="Kafka group protocol of the roles' consumer groups: 'consumer' (KIP-848) "
+        "or 'classic'; None: the package default. Must be the same in every deployment.",
+    )
     handoff_timeout: float = Field(
         default=300.0,
+        ge=0,
         description="Seconds another deployment's CLAIMED record is respected before this "
         "deployment may take the run over.",
     )
     acquire_timeout: float = Field(
         default=60.0,
+        gt=0,
         description="Seconds one attempt waits to become leader of the role.",
     )
     profile: str = Field(
@@ -100,25 +112,39 @@ class NeliResource(dg.ConfigurableResource):
     )
     session_timeout: float | None = Field(
         default=None,
+        gt=0,
         description="Kafka group session timeout in seconds (None: from the profile); a paused "
         "or cut-off deployment loses the role after about this long.",
     )
     heartbeat_timeout: float | None = Field(
         default=None,
+        gt=0,
         description="NELI heartbeat timeout in seconds (None: a third of the session timeout).",
     )
     max_attempts: int | None = Field(
         default=None,
+        ge=1,
         description="Attempts per run key before it is terminally FAILED (None: no limit).",
     )
     wait_timeout: float = Field(
-        default=3600.0,
-        description="Seconds a step keeps retrying while another deployment holds a live "
-        "claim or runs the same run key, before it fails (retriable).",
+        default=300.0,
+        ge=0,
+        description="Seconds one step attempt keeps asking, with a log line per attempt, while "
+        "another deployment holds a live claim or runs the same run key; then the step asks "
+        "Dagster for a retry (RetryRequested).",
     )
     wait_interval: float = Field(
         default=5.0,
-        description="Seconds between attempts while another deployment holds the run.",
+        gt=0,
+        description="Seconds between attempts while another deployment holds the run; also "
+        "the pause before a requested step retry.",
+    )
+    wait_retries: int = Field(
+        default=11,
+        ge=0,
+        description="Step retries requested while the run stays held elsewhere; past them the "
+        "step fails (about (wait_retries + 1) * wait_timeout in all). A run nobody has "
+        "completed is never skipped.",
     )
 
     _singleton: Singleton | None = PrivateAttr(default=None)
@@ -128,29 +154,46 @@ class NeliResource(dg.ConfigurableResource):
 
     # -- configuration ---------------------------------------------------------------------
 
-    def _check_fields(self) -> None:
-        if not self.deployment or not self.deployment.strip():
-            raise ConfigError("NeliResource.deployment must name this deployment, e.g. 'eu-1'")
-        if not self.namespace:
-            raise ConfigError("NeliResource.namespace must not be empty")
-        if self.wait_timeout < 0:
-            raise ConfigError(
-                f"NeliResource.wait_timeout must be >= 0 seconds, got {self.wait_timeout}"
-            )
-        if self.wait_interval <= 0:
-            raise ConfigError(
-                f"NeliResource.wait_interval must be > 0 seconds, got {self.wait_interval}"
-            )
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        if value not in PROFILES:
+            raise ValueError(f"unknown profile {value!r}; choose one of {sorted(PROFILES)}")
+        return value
+
+    @field_validator("group_protocol")
+    @classmethod
+    def _known_group_protocol(cls, value: str | None) -> str | None:
+        choices = get_args(GroupProtocol)
+        if value is not None and value not in choices:
+            raise ValueError(f"unknown group protocol {value!r}; choose one of {list(choices)}")
+        return value
+
+    @field_validator("kafka_config")
+    @classmethod
+    def _unprotected_settings(cls, value: dict[str, str]) -> dict[str, str]:
+        refused = [f"{key!r}: {PROTECTED_KAFKA_SETTINGS[key]}" for key in value
+                   if key in PROTECTED_KAFKA_SETTINGS]
+        if refused:
+            raise ValueError("settings the protocol owns: " + "; ".join(refused))
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NeliResource:
+        # Cross-field guard rails (heartbeat vs session timeout, ...) of the core, at definition.
+        # EnvVar fields hold the variable's name until run time, which these checks never read.
+        self.singleton_config()
+        return self
 
     def singleton_config(self) -> SingletonConfig:
         """Return the singleton configuration; ConfigError names any invalid field."""
-        self._check_fields()
         neli_kwargs: dict[str, Any] = {
             "bootstrap_servers": self.bootstrap_servers,
-            "group_id": self.namespace,
             "kafka_config": dict(self.kafka_config),
             "profile": self.profile,
         }
+        if self.group_protocol is not None:
+            neli_kwargs["group_protocol"] = self.group_protocol
         if self.session_timeout is not None:
             neli_kwargs["session_timeout"] = self.session_timeout
         if self.heartbeat_timeout is not None:
@@ -158,7 +201,8 @@ class NeliResource(dg.ConfigurableResource):
         return SingletonConfig(
             neli=NeliConfig(**neli_kwargs),
             deployment=self.deployment,
-            ledger_topic=self.ledger_topic or f"{self.namespace}.ledger",
+            namespace=self.namespace,
+            ledger_topic=self.ledger_topic,
             handoff_timeout=self.handoff_timeout,
             acquire_timeout=self.acquire_timeout,
             max_attempts=self.max_attempts,
@@ -172,11 +216,6 @@ class NeliResource(dg.ConfigurableResource):
             self._owner_pid = os.getpid()
         return self._singleton
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        # Validate the configuration up front (a clear resource-init error); joining a NELI
-        # group here would happen once per process per run, so members are per block instead.
-        self.get_singleton()
-
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         singleton, self._singleton = self._singleton, None
         if singleton is not None and self._owner_pid == os.getpid():
@@ -187,6 +226,17 @@ class NeliResource(dg.ConfigurableResource):
     def status(self, role: str, run_key: str) -> LedgerRecord | None:
         """Return the latest ledger record of ``role``/``run_key`` (None if never claimed)."""
         return self.get_singleton().status(role, run_key)
+
+    def reset(self, role: str, run_key: str, reason: str) -> LedgerRecord:
+        """Reset a finished run key so that its next run computes it again (audited).
+
+        The same as ``neli-orchestrate ledger reset ROLE RUN_KEY --reason ...``: leads the role,
+        writes a ``RESET`` record with ``reason`` and a larger token, and returns it. Then
+        re-materialize the partition in the one deployment that should run it; deployments
+        that launch it later skip it once it is ``COMPLETED`` again. ``ConfigError`` if the run
+        key is in progress or has nothing to reset, or ``reason`` is empty.
+        """
+        return self.get_singleton().reset(role, run_key, reason)
 
     def reserve(self, context: Any, role: str, run_key: str) -> Reservation:
         """Claim ``role``/``run_key`` for this deployment (split form, used by the gate op).
@@ -202,7 +252,7 @@ class NeliResource(dg.ConfigurableResource):
                 raise _give_up_failure(self.deployment, role, run_key, reservation.record)
             if reservation.outcome is not Outcome.WAIT:
                 return reservation
-            self._wait_or_give_up(deadline, role, run_key, reservation.reason, context.log)
+            self._wait_or_give_up(deadline, role, run_key, reservation.reason, context)
 
     # -- the singleton block --------------------------------------------------------------
 
@@ -227,8 +277,9 @@ class NeliResource(dg.ConfigurableResource):
         run: NeliRun | None = None
         try:
             with ExitStack() as stack:
-                run = self._open(stack, singleton, role, run_key, log)
+                run = self._open(stack, singleton, role, run_key, context)
                 if run.should_run:
+                    run.check()  # fenced between the claim and here: start no work
                     log.info(
                         f"neli: deployment {self.deployment!r} runs {role!r} / {run_key!r} "
                         f"with token {run.token} ({run.outcome}: {run.reason})"
@@ -254,10 +305,11 @@ class NeliResource(dg.ConfigurableResource):
             raise
 
     def _open(
-        self, stack: ExitStack, singleton: Singleton, role: str, run_key: str, log: Any
+        self, stack: ExitStack, singleton: Singleton, role: str, run_key: str, context: Any
     ) -> NeliRun:
         """Claim the run (waiting while another deployment holds it) and return its handle."""
-        deadline = self._clock() + self.wait_timeout
+        began = self._clock()
+        deadline = began + self.wait_timeout
         while True:
             attempt = ExitStack()
             claim = attempt.enter_context(singleton.claim(role=role, run_key=run_key))
@@ -276,9 +328,11 @@ class NeliResource(dg.ConfigurableResource):
                     token=claim.token if should_run else None,
                     record=claim.record,
                     handle=claim,
+                    log=context.log,
+                    time_to_lead=self._clock() - began,
                 )
             attempt.close()  # leave the group at once: the holder may need it to finish
-            self._wait_or_give_up(deadline, role, run_key, claim.reason, log)
+            self._wait_or_give_up(deadline, role, run_key, claim.reason, context)
 
     def _wait_or_give_up(
         self,
@@ -286,28 +340,47 @@ class NeliResource(dg.ConfigurableResource):
         role: str,
         run_key: str,
         why: str,
-        log: Any,
+        context: Any,
     ) -> None:
+        """Pause before asking again, logged in the run; past ``deadline`` request a step retry.
+
+        The wait is visible where the user looks: a log line per attempt while the step waits,
+        then the step goes UP_FOR_RETRY in the UI (``RetryRequested``) instead of holding a
+        worker for an hour; after ``wait_retries`` retries the step fails, naming the holder.
+        """
         remaining = deadline - self._clock()
         if remaining <= 0:
-            raise dg.Failure(
+            held = dg.Failure(
                 description=(
                     f"neli: {role!r} / {run_key!r} is still held by another deployment after "
-                    f"wait_timeout={self.wait_timeout}s ({why}); a run nobody has completed is "
-                    "never skipped — retry the step later"
+                    f"{self.wait_retries + 1} step attempts of wait_timeout={self.wait_timeout}s "
+                    f"({why}); a run nobody has completed is never skipped: re-execute the step "
+                    "later"
                 ),
-                metadata={
-                    "deployment": self.deployment,
-                    "role": role,
-                    "run_key": run_key,
-                },
+                metadata={"deployment": self.deployment, "role": role, "run_key": run_key},
                 allow_retries=True,
             )
+            attempt = _retry_number(context)
+            if attempt < self.wait_retries:
+                context.log.warning(
+                    f"neli: {role!r} / {run_key!r} still held by another deployment after "
+                    f"{self.wait_timeout:g}s ({why}); requesting step retry "
+                    f"{attempt + 1}/{self.wait_retries} in {self.wait_interval:g}s"
+                )
+            raise dg.RetryRequested(
+                max_retries=self.wait_retries, seconds_to_wait=self.wait_interval
+            ) from held
         pause = min(self.wait_interval, remaining)
-        log.info(
-            f"neli: waiting for {role!r} / {run_key!r}: {why}; trying again in {pause:.1f}s"
+        context.log.info(
+            f"neli: waiting for {role!r} / {run_key!r}: {why}; asking again in {pause:.1f}s "
+            f"({remaining:.0f}s left in this attempt)"
         )
         self._sleep(pause)
+
+
+def _retry_number(context: Any) -> int:
+    op_context = getattr(context, "op_execution_context", context)
+    return int(getattr(op_context, "retry_number", 0) or 0)
 
 
 def _give_up_failure(
@@ -317,7 +390,9 @@ def _give_up_failure(
         description=(
             f"neli: {role!r} / {run_key!r} has terminally failed ({_describe(record)}): the "
             "attempt limit is reached, so no deployment runs it again. Fix the cause, then "
-            "clear the run key in the ledger or raise max_attempts."
+            f"reset the run key (neli-orchestrate ledger reset {shlex.quote(role)} "
+            f"{shlex.quote(run_key)} --reason '...') "
+            "or raise max_attempts."
         ),
         metadata={"deployment": deployment, "role": role, "run_key": run_key},
         allow_retries=False,
@@ -339,7 +414,7 @@ def _observe_skip(context: Any, run: NeliRun) -> None:
             {
                 "done_by_deployment": record.deployment,
                 "done_token": record.token,
-                "done_at": str(record.at),
+                "done_at": dg.MetadataValue.timestamp(record.at),
             }
         )
     partition = op_context.partition_key if op_context.has_partition_key else None

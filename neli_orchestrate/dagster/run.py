@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,8 @@ class NeliRun:
         token: int | None,
         record: LedgerRecord | None,
         handle: Any | None,
+        log: Any | None = None,
+        time_to_lead: float | None = None,
     ) -> None:
         self.role = role
         self.run_key = run_key
@@ -62,6 +65,12 @@ class NeliRun:
         self.reason: str = str(getattr(handle, "reason", "") or "")
         self._should_run = should_run
         self._handle = handle
+        # Dagster's logger of the step (context.log): a fence must show in the run's event log.
+        self._log = log
+        #: Wall-clock time this deployment started the run (None where it does not run).
+        self.started_at: float | None = time.time() if should_run else None
+        #: Seconds from the step's first claim attempt to holding the claim (waits included).
+        self.time_to_lead = time_to_lead if should_run else None
         self._fenced = threading.Event()
         self._fence_reason: str | None = None
         if handle is not None and should_run:
@@ -86,13 +95,21 @@ class NeliRun:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """Metadata for the step's Output / MaterializeResult: token, deployment, role, run key."""
-        return {
+        """Metadata for the step's Output / MaterializeResult: token, deployment, role, run key;
+        where the run executes here also ``neli_outcome`` (RUN, TAKE_OVER, RETRY),
+        ``started_at`` (a timestamp) and ``time_to_lead`` (seconds, waits included)."""
+        metadata: dict[str, Any] = {
             "token": self.token,
             "deployment": self.deployment,
             "role": self.role,
             "run_key": self.run_key,
         }
+        if self.started_at is not None:
+            metadata["neli_outcome"] = str(self.outcome)
+            metadata["started_at"] = dg.MetadataValue.timestamp(self.started_at)
+        if self.time_to_lead is not None:
+            metadata["time_to_lead"] = dg.MetadataValue.float(round(self.time_to_lead, 3))
+        return metadata
 
     def check(self) -> None:
         """Raise ``FencedError`` if this member no longer leads the role or was superseded.
@@ -127,6 +144,8 @@ class NeliRun:
     def cancel_spark_on_fence(self, spark: Any) -> SparkJobCanceller:
         """Tag this thread's Spark jobs so a fence cancels them; use as a context manager.
 
+        Raises ``FencedError`` (the step fails for good) if the run is fenced already.
+
         ``spark`` is a SparkSession or SparkContext. The job group is
         ``neli/<role>/<run key>/<token>``::
 
@@ -139,6 +158,9 @@ class NeliRun:
             )
         canceller = cancel_on_fence(spark, f"neli/{self.role}/{self.run_key}/{self.token}")
         self.on_fence(canceller)
+        # Fenced already (e.g. while the SparkSession started)? Cancelling a job group before
+        # its jobs exist stops nothing, so refuse to start the work at all.
+        self.check()
         return canceller
 
     def fence_failure(self, cause: BaseException) -> dg.Failure:
@@ -157,13 +179,18 @@ class NeliRun:
     def _note_fence(self, reason: object = None) -> None:
         self._fence_reason = str(reason) if reason is not None else "leadership lost"
         self._fenced.set()
-        logger.warning(
-            "run key %r of role %r (token %s) fenced: %s",
-            self.run_key,
-            self.role,
-            self.token,
-            self._fence_reason,
+        message = (
+            f"neli: fenced: deployment {self.deployment!r} lost role {self.role!r} while running "
+            f"run key {self.run_key!r} with token {self.token}: {self._fence_reason}; stopping "
+            "the work"
         )
+        if self._log is not None:
+            try:
+                self._log.error(message)
+            except Exception:  # noqa: BLE001 - the watchdog thread must go on to cancel the work
+                logger.exception("could not log the fence through Dagster's logger")
+        else:
+            logger.warning(message)
 
     def __repr__(self) -> str:
         return (

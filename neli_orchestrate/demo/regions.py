@@ -498,7 +498,10 @@ class AirflowRegion:
         deadline = time.monotonic() + timeout
         while pending:
             for run_id in list(pending):
-                state = self.dag_run(dag_id, run_id)["state"]
+                try:
+                    state = self.dag_run(dag_id, run_id)["state"]
+                except TimeoutError:  # an api-server slow under load: ask again
+                    continue
                 if state in TERMINAL_RUN_STATES:
                     states[run_id] = state
                     pending.remove(run_id)
@@ -527,7 +530,10 @@ class AirflowRegion:
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
-            last = self.task_instances(dag_id, run_id).get(task_id)
+            try:
+                last = self.task_instances(dag_id, run_id).get(task_id)
+            except TimeoutError:  # an api-server slow under load: ask again
+                continue
             if last is not None and last["state"] in states:
                 return last
             time.sleep(0.5)

@@ -13,7 +13,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from neli_orchestrate.errors import ConfigError, FencedError, KafkaUnavailableError
+from neli_orchestrate.core.kafka import is_authorization_error as _denied
+from neli_orchestrate.errors import (
+    AuthorizationError,
+    ConfigError,
+    FencedError,
+    KafkaUnavailableError,
+    TopicMismatchError,
+)
 from neli_orchestrate.ledger.record import (
     DEFAULT_LEDGER_TOPIC,
     LedgerError,
@@ -183,7 +190,7 @@ class KafkaLedger:
         partitions = self._topic_partitions(admin)
         if partitions is None:
             if not self.config.create_topic:
-                raise KafkaUnavailableError(
+                raise TopicMismatchError(
                     f"ledger topic {self.config.topic!r} does not exist and create_topic=False;"
                     f" create it with cleanup.policy=compact and {self.config.partitions}"
                     " partition(s)"
@@ -191,7 +198,7 @@ class KafkaLedger:
             self._create_topic(admin)
             partitions = self.config.partitions
         elif partitions != self.config.partitions:
-            raise ConfigError(
+            raise TopicMismatchError(
                 f"ledger topic {self.config.topic!r} has {partitions} partitions but the config"
                 f" says partitions={self.config.partitions}; roles map to partitions by"
                 " crc32(role) % partitions, so set partitions to the topic's count (never add"
@@ -215,9 +222,9 @@ class KafkaLedger:
         if topic is None or topic.error is not None:
             code = topic.error.code() if topic is not None and topic.error is not None else None
             if code == _kafka().KafkaError.TOPIC_AUTHORIZATION_FAILED:
-                raise KafkaUnavailableError(
+                raise AuthorizationError(
                     f"not authorized to describe ledger topic {self.config.topic!r}: grant the"
-                    " principal DESCRIBE, READ and WRITE on it"
+                    " principal READ and WRITE on it (they imply DESCRIBE); docs/security.md"
                 )
             return None
         return len(topic.partitions)
@@ -248,11 +255,14 @@ class KafkaLedger:
             code = err.code() if err is not None else None
             if code == ck.KafkaError.TOPIC_ALREADY_EXISTS:
                 return  # another deployment created it first; its partition count is checked
-            if code in (
-                ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                ck.KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-                ck.KafkaError.POLICY_VIOLATION,
-            ):
+            if _denied(exc):
+                raise AuthorizationError(
+                    f"not allowed to create ledger topic {self.config.topic!r} ({exc}); grant"
+                    f" CREATE on it, or create it yourself with cleanup.policy=compact and"
+                    f" {self.config.partitions} partition(s) and set create_topic=False;"
+                    " docs/security.md"
+                ) from exc
+            if code == ck.KafkaError.POLICY_VIOLATION:
                 raise KafkaUnavailableError(
                     f"not allowed to create ledger topic {self.config.topic!r} ({exc}); create it"
                     f" yourself with cleanup.policy=compact and {self.config.partitions}"
@@ -286,7 +296,7 @@ class KafkaLedger:
         entry = configs.get("cleanup.policy")
         policy = entry.value if entry is not None else None
         if policy is not None and "compact" not in policy.split(","):
-            raise ConfigError(
+            raise TopicMismatchError(
                 f"ledger topic {self.config.topic!r} has cleanup.policy={policy}; it must be"
                 " 'compact', or completed runs are deleted by retention and would run again"
             )
@@ -326,10 +336,11 @@ class KafkaLedger:
             hint = ""
             denied = ck.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             if err is not None and err.code() == denied:
-                hint = (
-                    f"; grant WRITE and DESCRIBE on transactional id"
-                    f" {self.config.transactional_id(role)!r}"
-                )
+                raise AuthorizationError(
+                    f"init_transactions for role {role!r} was denied ({err.name()}): grant WRITE"
+                    f" on transactional id {self.config.transactional_id(role)!r} (a PREFIXED"
+                    f" rule on {self.config.prefix!r} covers every role); docs/security.md"
+                ) from exc
             raise KafkaUnavailableError(
                 f"init_transactions for role {role!r} failed: {exc}{hint}"
             ) from exc
@@ -364,11 +375,20 @@ class KafkaLedger:
                             if error.code() == ck.KafkaError._PARTITION_EOF:
                                 eof = max(eof, message.offset())
                                 continue
+                            if error.code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED:
+                                # librdkafka looks up the coordinator of the (never joined)
+                                # replay group; the assigned partitions fetch without it.
+                                continue
                             if (error.retriable() or error.code() in _transient_codes()) and (
                                 not error.fatal()
                             ):
                                 logger.debug("replay of %r: %s (retrying)", role, error)
                                 continue  # bounded by the replay deadline below
+                            if _denied(error):
+                                raise AuthorizationError(
+                                    f"replaying ledger topic {self.config.topic!r} was denied"
+                                    f" ({error.name()}): grant READ on it; docs/security.md"
+                                )
                             raise KafkaUnavailableError(
                                 f"replaying ledger partition {partition}: {error}"
                             )
@@ -411,6 +431,11 @@ class KafkaLedger:
                 ):
                     time.sleep(0.05)
                     continue
+                if _denied(exc):
+                    raise AuthorizationError(
+                        f"reading the high watermark of ledger topic {tp.topic!r} was denied"
+                        f" ({exc}): grant READ on it (implies DESCRIBE); docs/security.md"
+                    ) from exc
                 raise KafkaUnavailableError(
                     f"cannot read the high watermark of ledger partition"
                     f" {tp.topic}[{tp.partition}]: {exc}"
@@ -553,6 +578,17 @@ class KafkaLedgerWriter:
 
     def _fail(self, exc: BaseException, token: int | None) -> None:
         err = _kafka_error(exc)
+        if _denied(exc):
+            if err.txn_requires_abort() and not err.fatal():
+                self._abort()
+            else:
+                self._dead = f"denied ({err.name()})"
+                _close_quietly(self._producer)
+            raise AuthorizationError(
+                f"ledger write for role {self._role!r} was denied, nothing written"
+                f" ({err.name()}): grant WRITE on ledger topic {self._ledger.config.topic!r}"
+                f" and on transactional id {self.transactional_id!r}; docs/security.md"
+            ) from exc
         if err is not None and err.code() in _fencing_codes():
             self._dead = "fenced"
             _close_quietly(self._producer)

@@ -8,6 +8,7 @@ import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -37,6 +38,11 @@ class RunState(StrEnum):
     COMPLETED = "COMPLETED"
     #: The work raised. Retried according to the decision policy.
     FAILED = "FAILED"
+    #: An operator reset a finished run (``Singleton.reset``, audited with a reason): the
+    #: decision table treats it as no record, so the next leader runs it again, attempt 1.
+    #: It carries a new token like a claim, so tokens keep growing. Readers before this state
+    #: existed treat it as an unreadable record: upgrade every deployment before resetting.
+    RESET = "RESET"
 
 
 # Legal moves of one claim (same token). A new claim (new token) may follow any state; that is
@@ -47,6 +53,7 @@ _TRANSITIONS: Mapping[RunState, frozenset[RunState]] = MappingProxyType(
         RunState.RUNNING: frozenset({RunState.COMPLETED, RunState.FAILED}),
         RunState.COMPLETED: frozenset(),
         RunState.FAILED: frozenset(),
+        RunState.RESET: frozenset(),
     }
 )
 
@@ -149,6 +156,23 @@ class LedgerRecord:
         """True for ``COMPLETED``; whether a ``FAILED`` run is final depends on the policy."""
         return self.state is RunState.COMPLETED
 
+    def describe(self) -> str:
+        """One log line about this record: state, who, when, token, and why.
+
+        The one description every integration logs (gate, singleton, Dagster resource), e.g.
+        ``COMPLETED by deployment 'us-east-1' (member m1) at 2013-01-05T06:00:00Z with token
+        42``.
+        """
+        text = (
+            f"{self.state.value} by deployment {self.deployment!r} (member {self.member}) at "
+            f"{format_epoch(self.at)} with token {self.token}"
+        )
+        if self.state is RunState.CLAIMED and self.handoff_deadline is not None:
+            text += f", claim live until {format_epoch(self.handoff_deadline)}"
+        if self.reason:
+            text += f" (reason: {self.reason})"
+        return text
+
     def encode(self) -> bytes:
         """The record as the UTF-8 JSON value written to the ledger topic."""
         value: dict[str, Any] = {
@@ -209,6 +233,13 @@ class LedgerRecord:
             reason=reason,
             handoff_deadline=handoff_deadline,
         )
+
+
+def format_epoch(at: float | None) -> str:
+    """Render a ledger timestamp (epoch seconds) as ISO-8601 UTC, e.g. ``2013-01-05T06:00:00Z``."""
+    if at is None:
+        return "an unknown time"
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class MalformedRecordError(LedgerError, ValueError):

@@ -157,7 +157,7 @@ class ReplayBuilder:
 
 
 def expired_run_keys(replay: Replay, older_than: float) -> list[str]:
-    """Run keys to tombstone: latest record ``COMPLETED`` or ``FAILED`` and written before
+    """Run keys to tombstone: latest record ``COMPLETED``, ``FAILED`` or ``RESET``, written before
     ``older_than`` (wall-clock epoch seconds).
 
     A ``CLAIMED`` or ``RUNNING`` run key is never expired, however old: its claim may still be
@@ -168,6 +168,10 @@ def expired_run_keys(replay: Replay, older_than: float) -> list[str]:
     return [
         run_key
         for run_key, record in replay.records.items()
-        if record.state in (RunState.COMPLETED, RunState.FAILED) and record.at < older_than
+        if record.state in _EXPIRABLE and record.at < older_than
     ]
+
+
+#: Finished states; a RESET run key already reads as "no record", so expiring it is safe too.
+_EXPIRABLE = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.RESET})
 

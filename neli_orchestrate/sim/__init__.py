@@ -12,9 +12,9 @@ Usage::
 A simulated broker (groups with session timeouts and cooperative revokes, transactional
 epochs, read_committed logs), N deployments running gate and executor tasks, message delays,
 crashes at every protocol step, SIGSTOP pauses past the session timeout, network cuts and
-bounded clock error, driving the real decision table and ledger code through the
-``LedgerStore`` seam. Invariants S1-S4 and L1 of DESIGN.md are checked as the schedule runs;
-see ``docs/simulation.md``.
+bounded clock error, Airflow-like and Dagster-like orchestrators, driving the real decision
+table and ledger code through the ``LedgerStore`` seam. Invariants S1-S5 and L1 of DESIGN.md
+are checked as the schedule runs; see ``docs/simulation.md``.
 """
 
 from neli_orchestrate.sim.config import MUTATIONS, SimConfig

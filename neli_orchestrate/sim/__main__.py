@@ -14,7 +14,7 @@ from neli_orchestrate.sim.runner import run_seed, run_seeds
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m neli_orchestrate.sim",
-        description="Deterministic simulation of the exactly-once protocol (invariants S1-S4, L1).",
+        description="Deterministic simulation of the exactly-once protocol (invariants S1-S5, L1).",
     )
     parser.add_argument("--seeds", type=int, default=1000, help="number of seeds to run")
     parser.add_argument("--start", type=int, default=0, help="first seed")

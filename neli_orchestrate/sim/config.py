@@ -16,6 +16,12 @@ MUTATIONS: dict[str, str] = {
     "no_membership_proof": "a member's lease is renewed by its own heartbeats alone (no proof"
     " that the group still counts it as a member)",
     "no_self_fence": "a member ignores missing heartbeats (leads while it thinks it is assigned)",
+    "superseded_by_own_claim": "an executor try refuses to run when its own deployment's later"
+    " claim (an earlier try's re-claim) is the latest record, instead of deciding again",
+    "fence_before_start_dropped": "a fence landing between the claim check and the start of"
+    " the work is dropped: the work starts and runs unwatched",
+    "sink_hwm_on_publish": "the token-checked sink raises its high-water mark only when a token"
+    " publishes, not when a newer claim's job stages",
 }
 
 
@@ -23,7 +29,8 @@ MUTATIONS: dict[str, str] = {
 class SimConfig:
     """Simulated timings in milliseconds. Defaults satisfy the timing assumptions."""
 
-    deployments: tuple[int, int] = (2, 3)
+    #: One deployment is "a single surviving region" from the start.
+    deployments: tuple[int, int] = (1, 3)
     roles: tuple[int, int] = (1, 2)
     run_keys_per_role: tuple[int, int] = (1, 3)
     #: Ledger partitions to choose from (1: all roles share one partition and one last
@@ -45,6 +52,8 @@ class SimConfig:
     handoff_timeout: int = 8000
     wait_poll: int = 1000
     retry_delay: tuple[int, int] = (200, 800)
+    #: Delay before an operator clears (re-runs) a failed DAG run, when one does.
+    clear_delay: tuple[int, int] = (1000, 5000)
     scheduler_delay: tuple[int, int] = (10, 300)
     work_duration: tuple[int, int] = (100, 1500)
     max_attempts: int = 3

@@ -53,8 +53,20 @@ EXEC_STEPS = (
     "exec.leading", "exec.begun", "exec.replayed", "exec.verified", "exec.running",
     "exec.work_started", "exec.work_done", "exec.finished",
 )
+#: The Dagster-like step (Singleton.claim): decide, write RUNNING, work, record, in one task.
+STEP_STEPS = (
+    "step.leading", "step.begun", "step.replayed", "step.verified", "step.running",
+    "step.work_started", "step.work_done", "step.finished",
+)
 #: Steps right before a ledger write, where a crash may leave the transaction open.
-WRITE_STEPS = ("gate.decided", "exec.verified", "exec.work_done")
+WRITE_STEPS = ("gate.decided", "exec.verified", "exec.work_done", "step.verified",
+               "step.work_done")
+#: Orchestrator retries of a mortal deployment's task (Airflow ``retries``, Dagster
+#: ``RetryPolicy.max_retries``); the immortal deployment's tries never run out.
+MORTAL_RETRIES = (0, 3)
+UNBOUNDED = 1 << 30
+#: Results of a task try that end the DAG run (or the Dagster run) successfully.
+_FINISHED = ("completed", "skipped", "gave_up")
 
 
 class Member:
@@ -315,6 +327,13 @@ class Stats:
     stale_sink_commits: int = 0
     leader_gains: int = 0
     faults: int = 0
+    #: Executor tries (with the gate's token) that met their own deployment's later claim.
+    own_later_tries: int = 0
+    #: Tries failed by a fence; of them, fenced between the RUNNING write and the work.
+    fenced_tries: int = 0
+    fenced_before_start: int = 0
+    #: Failed DAG runs an operator cleared (re-ran from the gate / re-executed).
+    manual_clears: int = 0
     min_handover_gap: int | None = None
     #: Faults that fired, by kind (``crash@gate.begun``, ``cut``, ``outage``, ...).
     fired: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -378,6 +397,8 @@ class Simulation:
             for i in range(n_deployments)
         ]
         self.immortal = self.deployments[immortal]
+        #: Deployments whose orchestrator is Dagster-like (the others are Airflow-like).
+        self.dagster = {d.name for d in self.deployments if rng.random() < 0.4}
         self.roles = [f"role{r}" for r in range(rng.randint(*cfg.roles))]
         self.run_keys = [
             (role, f"2013-01-0{k + 1}")
@@ -398,6 +419,12 @@ class Simulation:
         #: Deployments that claimed each run key, with how often.
         self.claimers: dict[tuple[str, str], dict[str, int]] = {}
         self.sink: dict[tuple[str, str], tuple[int, int]] = {}
+        #: The sink's high-water mark: highest token staged (registered) or published.
+        self.sink_hwm: dict[tuple[str, str], int] = {}
+        #: Highest token whose work started, per run key (ground truth for the checks).
+        self.max_started_token: dict[tuple[str, str], int] = {}
+        #: DAG runs whose tries ran out (and were not cleared since).
+        self.exhausted: dict[tuple[str, str, str], bool] = {}
         self.completed: dict[tuple[str, str], int] = {}
         self.max_claim_token: dict[str, int] = {}
         self.key_claim_token: dict[tuple[str, str], int] = {}
@@ -426,7 +453,9 @@ class Simulation:
         rng = self.kernel.rng
         cfg = self.config
         kernel = self.kernel
-        clocks = ", ".join(f"{d.name} {d.clock_offset:+d} ms" for d in self.deployments)
+        clocks = ", ".join(
+            f"{d.name} {'dagster' if d.name in self.dagster else 'airflow'}"
+            f" {d.clock_offset:+d} ms" for d in self.deployments)
         self.log("plan", "deployments", f"{clocks}; immortal {self.immortal.name}")
         self.log(
             "plan", "runs",
@@ -442,7 +471,7 @@ class Simulation:
             if dep.immortal:
                 continue
             for _ in range(rng.choice((0, 1, 1, 2))):
-                label = rng.choice(GATE_STEPS + EXEC_STEPS)
+                label = rng.choice(GATE_STEPS + EXEC_STEPS + STEP_STEPS)
                 roll = rng.random()
                 if label in WRITE_STEPS and roll < 0.25:
                     action: tuple[Any, ...] = ("midway",)
@@ -538,7 +567,8 @@ class Simulation:
         for role, run_key in self.run_keys:
             if not self.done.get((dep.name, role, run_key)):
                 box: list[Thread] = []
-                box.append(self.kernel.start(proc, self._driver(dep, role, run_key, box), "dag"))
+                driver = self._dagster if dep.name in self.dagster else self._airflow
+                box.append(self.kernel.start(proc, driver(dep, role, run_key, box), "dag"))
 
     def _spawn_task(
         self, dep: Deployment, kind: str, role: str, run_key: str, token: int | None,
@@ -555,8 +585,7 @@ class Simulation:
         if kind == "gate":
             body = self._gate(proc, member, store, role, run_key)
         else:
-            assert token is not None
-            body = self._executor(proc, member, store, role, run_key, token)
+            body = self._runner(proc, member, store, role, run_key, token)
 
         def on_exit(p: Proc, how: str, value: Any) -> None:
             if how == "crashed":
@@ -568,37 +597,96 @@ class Simulation:
         self.kernel.start(proc, body, "main", main=True)
         return proc
 
-    def _driver(self, dep: Deployment, role: str, run_key: str, box: list[Thread]) -> Gen:
-        """The orchestrator's DAG run of one run key in one deployment: gate, then executor."""
+    def _retries(self, dep: Deployment) -> int:
+        # Fault-free schedules check the protocol for thrashing (S4), not the retry budget: a
+        # task with retries=0 that loses one leadership race just fails its DAG run.
+        if dep.immortal or self.fault_free:
+            return UNBOUNDED
+        return self.kernel.rng.randint(*MORTAL_RETRIES)
+
+    def _finish(self, dep: Deployment, role: str, run_key: str, how: str) -> None:
+        self.done[(dep.name, role, run_key)] = True
+        self.log(f"{dep.name}.scheduler", "dag run done", f"{role}/{run_key} {how}")
+
+    def _exhausted(self, dep: Deployment, role: str, run_key: str) -> Gen:
+        """Tries exhausted: the run failed; sometimes an operator clears (re-runs) it later."""
+        key = (dep.name, role, run_key)
+        self.exhausted[key] = True
+        self.log(f"{dep.name}.scheduler", "dag run failed", f"{role}/{run_key}: tries exhausted")
+        rng = self.kernel.rng
+        if rng.random() < 0.5:
+            return False
+        yield (SLEEP, rng.randint(*self.config.clear_delay))
+        self.exhausted[key] = False
+        self.stats.manual_clears += 1
+        self.log(f"{dep.name}.scheduler", "manual clear", f"{role}/{run_key}: re-run")
+        return True
+
+    def _airflow(self, dep: Deployment, role: str, run_key: str, box: list[Thread]) -> Gen:
+        """An Airflow-like DAG run: the gate, then the executor task with the gate's token.
+
+        The gate is a sensor: WAIT pokes again after ``wait_poll``, a failed gate try is
+        retried. The executor task is retried with the *same* token (Airflow pulls it from
+        the gate's XCom on every try) and never goes back to the gate; a fence fails one try.
+        When its tries run out the DAG run fails; an operator may clear it, which runs the
+        gate again.
+        """
         cfg = self.config
         rng = self.kernel.rng
-        key = (dep.name, role, run_key)
         while True:
-            self._spawn_task(dep, "gate", role, run_key, None, box[0])
-            how, result = yield (PARK,)
-            if how == "exited" and result[0] == "decided":
-                outcome, token = result[1], result[2]
-                if outcome in (Outcome.SKIP_DONE, Outcome.GIVE_UP):
-                    self.done[key] = True
-                    self.log(f"{dep.name}.scheduler", "dag run done", f"{role}/{run_key} {outcome}")
-                    return
-                if outcome is Outcome.WAIT:
-                    yield (SLEEP, cfg.wait_poll)
-                    continue
-                yield (SLEEP, rng.randint(*cfg.scheduler_delay))
-                # The executor task; a failed one is retried on its own (same token, as an
-                # orchestrator's task retry does) or the DAG run is cleared back to the gate.
-                while True:
-                    self._spawn_task(dep, "executor", role, run_key, token, box[0])
-                    how, result = yield (PARK,)
-                    if how == "exited" and result[0] == "completed":
-                        self.done[key] = True
-                        self.log(f"{dep.name}.scheduler", "dag run done", f"{role}/{run_key} ran")
+            while True:  # the gate
+                self._spawn_task(dep, "gate", role, run_key, None, box[0])
+                how, result = yield (PARK,)
+                if how == "exited" and result[0] == "decided":
+                    outcome, token = result[1], result[2]
+                    if outcome in (Outcome.SKIP_DONE, Outcome.GIVE_UP):
+                        self._finish(dep, role, run_key, str(outcome))
                         return
-                    if (how == "exited" and result[0] == "refused") or rng.random() < 0.5:
+                    if outcome is not Outcome.WAIT:
                         break
+                    yield (SLEEP, cfg.wait_poll)
+                else:
                     yield (SLEEP, rng.randint(*cfg.retry_delay))
-            yield (SLEEP, rng.randint(*cfg.retry_delay))
+            yield (SLEEP, rng.randint(*cfg.scheduler_delay))
+            retries = self._retries(dep)
+            for tried in range(retries + 1):
+                if tried:
+                    yield (SLEEP, rng.randint(*cfg.retry_delay))
+                self._spawn_task(dep, "executor", role, run_key, token, box[0])
+                how, result = yield (PARK,)
+                if how == "exited" and result[0] in _FINISHED:
+                    self._finish(dep, role, run_key, result[0])
+                    return
+            if not (yield from self._exhausted(dep, role, run_key)):
+                return
+
+    def _dagster(self, dep: Deployment, role: str, run_key: str, box: list[Thread]) -> Gen:
+        """A Dagster-like run: one step holds the claim for its whole body (Singleton.claim).
+
+        While another deployment holds the run (WAIT) the resource waits and claims again
+        without using a retry; a failed or fenced step is retried (``RetryPolicy``) until its
+        retries run out; then the run failed and may be re-executed by an operator.
+        """
+        cfg = self.config
+        rng = self.kernel.rng
+        while True:
+            retries = self._retries(dep)
+            tried = 0
+            while True:
+                self._spawn_task(dep, "step", role, run_key, None, box[0])
+                how, result = yield (PARK,)
+                if how == "exited" and result[0] in _FINISHED:
+                    self._finish(dep, role, run_key, result[0])
+                    return
+                if how == "exited" and result[0] in ("held", "timeout"):
+                    yield (SLEEP, cfg.wait_poll)  # the resource's bounded wait
+                    continue
+                tried += 1
+                if tried > retries:
+                    break
+                yield (SLEEP, rng.randint(*cfg.retry_delay))
+            if not (yield from self._exhausted(dep, role, run_key)):
+                return
 
     def _gate(self, proc: Proc, member: Member, store: SimLedgerStore, role: str,
               run_key: str) -> Gen:
@@ -656,66 +744,105 @@ class Simulation:
         if not member.leader(self.kernel.now):
             raise FencedError(f"{member.name} no longer leads {role}", role=role)
 
-    def _executor(self, proc: Proc, member: Member, store: SimLedgerStore, role: str,
-                  run_key: str, token: int) -> Gen:
-        """The fenced executor (split form, Singleton.execute): verify, RUNNING, work, finish."""
+    def _runner(self, proc: Proc, member: Member, store: SimLedgerStore, role: str,
+                run_key: str, token: int | None) -> Gen:
+        """One try of the work: ``Singleton.execute`` with the gate's ``token`` (Airflow's
+        executor) or, with ``token`` None, ``Singleton.claim`` (a Dagster step): verify or
+        decide, RUNNING, check leadership again, work under the watchdog, finish."""
         me = Claimant(proc.deployment.name, member.name)
         cfg = self.config
         kernel = self.kernel
+        step = "exec" if token is not None else "step"
         result: tuple[Any, ...] = ("timeout",)
         work: Work | None = None
         if (yield from member.acquire(cfg.acquire_timeout)):
             try:
-                yield (STEP, "exec.leading")
+                yield (STEP, f"{step}.leading")
                 writer = yield (CALL, store.begin, (role,))
-                yield (STEP, "exec.begun")
+                yield (STEP, f"{step}.begun")
                 replay = yield (CALL, writer.replay, ())
-                yield (STEP, "exec.replayed")
+                yield (STEP, f"{step}.replayed")
                 latest = replay.latest(run_key)
-                check = self.check_claim(token, latest, me)
-                if cfg.mutation == "no_claim_check":
-                    check = ClaimCheck(ClaimStatus.OURS, "mutation: not checked", latest)
-                self.log(proc.name, f"check claim {check.status}", f"{run_key}: {check.reason}")
                 now = self.wall(proc)
                 running: LedgerRecord | None = None
                 kind = "advance"
-                if check.ok:
-                    if latest is not None and latest.token == token and (
-                        latest.state is RunState.CLAIMED
-                    ):
-                        running = latest.advance(RunState.RUNNING, at=now, member=me.member)
-                    else:  # only reachable under the no_claim_check mutation
-                        running = LedgerRecord(
-                            role, run_key, RunState.RUNNING, token, me.deployment, me.member,
-                            1, now,
-                        )
-                elif check.status in (ClaimStatus.INTERRUPTED, ClaimStatus.FAILED):
-                    # As Singleton.execute: our claim started and lost leadership, or failed;
-                    # decide again, and a re-run takes a new token (RUNNING at once).
+                decision: Decision | None = None
+                if token is None:
                     decision = self.decide(latest, me, now=now, policy=self.policy)
-                    self.log(proc.name, f"decide {decision.outcome}", decision.reason)
+                else:
+                    check = self.check_claim(token, latest, me)
+                    if cfg.mutation == "no_claim_check":
+                        check = ClaimCheck(ClaimStatus.OURS, "mutation: not checked", latest)
+                    if (cfg.mutation == "superseded_by_own_claim"
+                            and check.status is ClaimStatus.OWN_LATER):
+                        check = ClaimCheck(ClaimStatus.FOREIGN, "mutation: superseded by our"
+                                           " own later claim", latest)
+                    self.log(proc.name, f"check claim {check.status}", f"{run_key}: {check.reason}")
+                    if check.status is ClaimStatus.OWN_LATER:
+                        self.stats.own_later_tries += 1
+                    if check.status is ClaimStatus.COMPLETED:
+                        result = ("skipped",)
+                    elif check.ok:
+                        if latest is not None and latest.token == token and (
+                            latest.state is RunState.CLAIMED
+                        ):
+                            running = latest.advance(RunState.RUNNING, at=now, member=me.member)
+                        else:  # only reachable under the no_claim_check mutation
+                            running = LedgerRecord(
+                                role, run_key, RunState.RUNNING, token, me.deployment, me.member,
+                                1, now,
+                            )
+                    elif check.decide_again:
+                        # As Singleton.execute: the run key moved on since the gate's token
+                        # (a retry, a fence, a take-over); decide again, as a gate would.
+                        decision = self.decide(latest, me, now=now, policy=self.policy)
+                    else:
+                        result = ("refused", check.status)
+                if decision is not None:
+                    self.log(proc.name, f"decide {decision.outcome}", f"{run_key}:"
+                             f" {decision.reason}")
                     if decision.claims:
                         running = self._claim(decision, replay, run_key, me, now, RunState.RUNNING)
                         kind = "claim"
-                if running is None:
-                    result = ("refused", check.status)
-                else:
-                    token = running.token
-                    yield (STEP, "exec.verified")
+                    elif decision.outcome is Outcome.SKIP_DONE:
+                        result = ("skipped",)
+                    elif decision.outcome is Outcome.WAIT:
+                        result = ("held",)  # another deployment's live claim: fail this try
+                    else:
+                        if decision.record_failure:
+                            failure = self._claim(decision, replay, run_key, me, now,
+                                                  RunState.RUNNING)
+                            yield (STEP, f"{step}.verified")
+                            self._check_leader(member, role)
+                            yield (CALL, self._write, (writer, failure, "claim"))
+                        result = ("gave_up",)
+                if running is not None:
+                    yield (STEP, f"{step}.verified")
                     self._check_leader(member, role)
                     yield (CALL, self._write, (writer, running, kind))
-                    yield (STEP, "exec.running")
-                    work = self._start_work(proc, role, run_key, token)
+                    # Between the RUNNING write and the work: a fence landing here must stop
+                    # the work from starting (the run is attached, leadership checked again).
+                    yield (STEP, f"{step}.running")
+                    watched = True
+                    if cfg.mutation == "fence_before_start_dropped":
+                        # The defect: the fence reached the run before the work did, and was
+                        # dropped; the work starts and runs unwatched.
+                        watched = member.leader(kernel.now)
+                    elif not member.leader(kernel.now):
+                        self.stats.fenced_before_start += 1
+                        self._check_leader(member, role)
+                    work = self._start_work(proc, member, role, run_key, running.token)
                     member.busy = True
-                    yield (STEP, "exec.work_started")
+                    yield (STEP, f"{step}.work_started")
                     member.watcher = proc.main
                     while not work.done:
-                        self._check_leader(member, role)  # the watchdog
+                        if watched:
+                            self._check_leader(member, role)  # the watchdog
                         yield (PARK,)  # woken by the work's end or by lost leadership
                     member.watcher = None
                     # Still busy: recording the outcome is part of the in-flight work the
                     # revoke barrier waits for.
-                    yield (STEP, "exec.work_done")
+                    yield (STEP, f"{step}.work_done")
                     now = self.wall(proc)
                     if work.failed:
                         final = running.advance(
@@ -726,10 +853,11 @@ class Simulation:
                         final = running.advance(RunState.COMPLETED, at=now)
                     self._check_leader(member, role)
                     yield (CALL, self._write, (writer, final, "advance"))
-                    yield (STEP, "exec.finished")
+                    yield (STEP, f"{step}.finished")
                     result = ("failed",) if work.failed else ("completed",)
             except FencedError as exc:
                 result = ("fenced",)
+                self.stats.fenced_tries += 1
                 self.log(proc.name, "fenced", str(exc))
             except KafkaUnavailableError as exc:
                 result = ("unavailable",)
@@ -744,15 +872,26 @@ class Simulation:
         kernel.log(proc.name, "exit", str(result))
         return result
 
-    def _start_work(self, proc: Proc, role: str, run_key: str, token: int) -> Work:
+    def _start_work(self, proc: Proc, member: Member, role: str, run_key: str,
+                    token: int) -> Work:
         rng = self.kernel.rng
+        if not member.leader(self.kernel.now):
+            self.fail(
+                "S5",
+                f"{proc.name} starts the work of {role}/{run_key} with token {token} although"
+                f" {member.name} no longer leads {role} (a fence before the start was dropped)",
+            )
+        key = (role, run_key)
+        self.max_started_token[key] = max(self.max_started_token.get(key, -1), token)
+        if self.config.mutation != "sink_hwm_on_publish":
+            # The job stages first: the sink registers its token before it writes.
+            self.sink_hwm[key] = max(self.sink_hwm.get(key, -1), token)
         work = Work(
             len(self.works) + 1, role, run_key, token, proc,
             rng.random() < self.work_fail_prob,
         )
         self.works[work.wid] = work
         self.work_of_proc[proc.pid] = work
-        key = (role, run_key)
         self.work_starts[key] = self.work_starts.get(key, 0) + 1
         self.stats.works += 1
         self.log(proc.name, "work starts", f"{role}/{run_key} token {token} (work {work.wid})")
@@ -792,14 +931,22 @@ class Simulation:
     def _sink_commit(self, work: Work) -> None:
         key = (work.role, work.run_key)
         current = self.sink.get(key)
-        if current is not None and work.token < current[0]:
+        high = max(self.sink_hwm.get(key, -1), -1 if current is None else current[0])
+        if work.token < high:
             self.stats.stale_sink_commits += 1
             self.log(
                 f"work{work.wid}", "sink refused",
-                f"StaleTokenError: token {work.token} < committed {current[0]}",
+                f"StaleTokenError: token {work.token} < registered {high}",
             )
             work.failed = True
             return
+        started = self.max_started_token.get(key, -1)
+        if work.token < started:
+            self.fail(
+                "S3",
+                f"{work.role}/{work.run_key} output of token {work.token} published after a"
+                f" newer claim's work (token {started}) had started: stale output is visible",
+            )
         if current is not None and work.token == current[0]:
             self.log(f"work{work.wid}", "sink no-op", f"token {work.token} already published")
             return
@@ -811,6 +958,7 @@ class Simulation:
                 f" COMPLETED with token {completed}",
             )
         self.sink[key] = (work.token, work.wid)
+        self.sink_hwm[key] = max(self.sink_hwm.get(key, -1), work.token)
         self.log(f"work{work.wid}", "sink published", f"{work.role}/{work.run_key} t{work.token}")
 
     # -- ledger writes and their checks ---------------------------------------------------
@@ -943,19 +1091,26 @@ class Simulation:
         latest = self._latest_records()
         for (role, run_key), record in latest.items():
             if not is_terminal(record, self.policy):
-                state = "no record" if record is None else f"{record.state} t{record.token}"
                 self.fail(
                     "L1",
-                    f"{role}/{run_key} ended as {state}, not COMPLETED or terminally FAILED"
-                    f" (deployment {self.immortal.name} stayed up)",
+                    f"{role}/{run_key} ended as {_state(record)}, not COMPLETED or terminally"
+                    f" FAILED, while {self.immortal.name} stayed up with tries left",
                 )
             if record is not None and record.state is RunState.FAILED:
                 self.stats.terminal_failed += 1
-        for role, run_key in self.run_keys:
-            if not self.done.get((self.immortal.name, role, run_key)):
-                self.fail(
-                    "L1", f"{self.immortal.name} never finished its DAG run of {role}/{run_key}"
-                )
+        for dep in self.deployments:
+            if dep.down:
+                continue
+            for role, run_key in self.run_keys:
+                key = (dep.name, role, run_key)
+                if not self.done.get(key) and not self.exhausted.get(key):
+                    # Its tries never ran out and it can reach Kafka, yet it never finished.
+                    self.fail(
+                        "L1",
+                        f"{dep.name} (tries left, reaches Kafka) never finished its"
+                        f" {'Dagster' if dep.name in self.dagster else 'Airflow'} run of"
+                        f" {role}/{run_key}; the run key ended {_state(latest[(role, run_key)])}",
+                    )
         if self.fault_free:
             # Exactly once, and without thrashing: one deployment claims each run key (it may
             # claim again itself when its executor could not get leadership in time).
@@ -976,6 +1131,10 @@ class Simulation:
             if e.kind == DATA and e.status == COMMITTED
         )
         self.log("checker", "ok", f"{committed} committed ledger records")
+
+
+def _state(record: LedgerRecord | None) -> str:
+    return "no record" if record is None else f"{record.state} t{record.token}"
 
 
 def _partition(sim: Simulation, role: str) -> int:

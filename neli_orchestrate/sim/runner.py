@@ -74,7 +74,8 @@ def run_seed(
 #: Counters of :class:`Stats` that a :class:`Summary` sums over seeds.
 _SUMMED = (
     "fault_free", "events", "works", "claims", "completed", "terminal_failed",
-    "fenced_writes", "stale_sink_commits", "leader_gains", "faults",
+    "fenced_writes", "stale_sink_commits", "leader_gains", "faults", "own_later_tries",
+    "fenced_tries", "fenced_before_start", "manual_clears",
 )
 
 
@@ -94,6 +95,10 @@ class Summary:
     stale_sink_commits: int = 0
     leader_gains: int = 0
     faults: int = 0
+    own_later_tries: int = 0
+    fenced_tries: int = 0
+    fenced_before_start: int = 0
+    manual_clears: int = 0
     min_handover_gap: int | None = None
     fired: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
@@ -139,6 +144,9 @@ class Summary:
             f" terminally FAILED {self.terminal_failed}",
             f"  ledger writes refused by fencing {self.fenced_writes}, stale sink commits"
             f" refused {self.stale_sink_commits}",
+            f"  tries with the gate's token meeting their own later claim"
+            f" {self.own_later_tries}, tries fenced {self.fenced_tries} (before the work"
+            f" started {self.fenced_before_start}), manual clears {self.manual_clears}",
             f"  leadership acquisitions {self.leader_gains}, smallest handover gap"
             f" {self.min_handover_gap} ms (S1 margin: > 0 means no overlap)",
         ]

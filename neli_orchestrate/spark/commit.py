@@ -14,11 +14,16 @@ output.
 
 Protocol, for one run key under ``root``:
 
-1. The writer stages into ``root/_neli/staging/<key>/t<token>-a<attempt>-<uuid>``; nothing
-   outside that directory changes while the job runs, and readers never see it (Spark skips
-   names starting with ``_``).
-2. Publish takes an exclusive ``flock`` on ``root/_neli/locks/<key>.lock``, then, under the
-   lock: reads the high-water mark ``root/_neli/tokens/<key>.json`` and the marker
+1. Stage registers the token: under an exclusive ``flock`` on ``root/_neli/locks/<key>.lock``
+   it refuses a token below the high-water mark ``root/_neli/tokens/<key>.json`` (or the
+   published marker) and raises the mark to it, *before the job writes*. From then on every
+   older token is stale, whether its writer already staged or not, so a paused older runner
+   cannot publish after a newer claim started, even if the newer one never publishes.
+   The writer then stages into ``root/_neli/staging/<key>/t<token>-a<attempt>-<uuid>``;
+   nothing outside that directory changes while the job runs, and readers never see it
+   (Spark skips names starting with ``_``).
+2. Publish takes the lock again, then, under the
+   lock: reads the high-water mark and the marker
    ``_NELI_COMMITTED`` inside the published directory; a token below either raises
    ``StaleTokenError``; an equal token whose output is already published is a no-op; otherwise
    it writes the marker into the staging directory, raises the high-water mark, and renames the
@@ -313,7 +318,7 @@ class TokenCommitGuard:
         return self._internal("locks") / f"{escape_run_key(run_key)}.lock"
 
     def high_water_path(self, run_key: str) -> Path:
-        """Return the file recording the highest token ever committed for ``run_key``."""
+        """Return the file recording the highest token ever staged or committed for ``run_key``."""
         return self._internal("tokens") / f"{escape_run_key(run_key)}.json"
 
     def committed(self, run_key: str) -> CommitMarker | None:
@@ -321,7 +326,7 @@ class TokenCommitGuard:
         return self._read_marker(self.output_path(run_key), run_key)
 
     def highest_token(self, run_key: str) -> int | None:
-        """Return the highest token committed (or being committed) for ``run_key``."""
+        """Return the highest token staged or committed for ``run_key`` (lower ones are stale)."""
         return self._max_committed(self._read_high_water(run_key), self.committed(run_key))
 
     def check(self, run_key: str, token: int, *, role: str | None = None) -> None:
@@ -348,14 +353,16 @@ class TokenCommitGuard:
         attempt: int = 0,
         metadata: Mapping[str, Any] | None = None,
     ) -> StagedOutput:
-        """Create a private staging directory for ``(run_key, token, attempt)``.
+        """Register ``token`` and create a private staging directory for it.
 
-        Fails fast with ``StaleTokenError`` if the token is already stale. Use the result as a
-        context manager (publish on success, discard on exception) or call ``commit()``.
+        Fails fast with ``StaleTokenError`` if the token is already stale. Otherwise raises the
+        run key's high-water mark to ``token`` (under the lock) before the job writes, so from
+        now on every lower token is refused, staged or not, published or not. Use the result
+        as a context manager (publish on success, discard on exception) or call ``commit()``.
         """
         token = _validate_token(token)
         attempt = _validate_attempt(attempt)
-        self.check(run_key, token, role=role)
+        self._register(run_key, token, role)
         parent = self._internal("staging", create=True) / escape_run_key(run_key)
         parent.mkdir(parents=True, exist_ok=True)
         path = parent / f"t{token}-a{attempt}-{uuid.uuid4().hex[:12]}"
@@ -364,6 +371,24 @@ class TokenCommitGuard:
         return StagedOutput(
             self, path, run_key, token, role, deployment, attempt, dict(metadata or {})
         )
+
+    def _register(self, run_key: str, token: int, role: str | None) -> None:
+        """Under the lock: refuse a stale ``token``, else raise the high-water mark to it.
+
+        Registering at stage time (before the job writes) makes every older token stale from
+        now on: a paused older writer that wakes up can no longer publish, even before this
+        token publishes, and even if it never does.
+        """
+        with self._locked(run_key):
+            high = self._read_high_water(run_key)
+            current = self.committed(run_key)
+            self._check_role(run_key, role, high, current)
+            committed = self._max_committed(high, current)
+            if committed is not None and token < committed:
+                raise self._stale(run_key, token, committed)
+            if high is None or token > high[0]:
+                self._write_high_water(run_key, token, role)
+                logger.debug("registered token %d for run key %r", token, run_key)
 
     def purge(self, older_than: float) -> list[Path]:
         """Delete abandoned staging and replaced outputs last modified over ``older_than`` s ago.

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from neli_orchestrate.errors import NeliError
 
@@ -66,6 +67,17 @@ FAST_TEST_PROPERTIES: Mapping[str, str] = {
     # let compaction tests see results without waiting minutes
     "log.cleaner.backoff.ms": "1000",
 }
+
+
+class _Demoted(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """librdkafka logger for the readiness probes: refused connections and coordinator-loading
+    retries are expected while the broker starts, so every line is logged at DEBUG."""
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+        self.logger.debug(msg, *args)
+
+
+_probe_log = _Demoted(logging.getLogger(__name__ + ".probe"), {})
 
 
 class LocalKafkaError(NeliError):
@@ -195,6 +207,10 @@ class LocalKafka:
             raise LocalKafkaError("the broker has not been started")
         return f"127.0.0.1:{self.port}"
 
+    def client_settings(self) -> dict[str, Any]:
+        """librdkafka settings of an all-powerful client (the test harness) of this broker."""
+        return {"bootstrap.servers": self.bootstrap_servers}
+
     @property
     def log_path(self) -> Path:
         return self.workdir / "broker.log"
@@ -251,6 +267,14 @@ class LocalKafka:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _security_properties(self) -> dict[str, str]:
+        """Broker settings of a secured subclass (listeners, authorizer); none here."""
+        return {}
+
+    def _format_args(self) -> list[str]:
+        """Extra ``StorageTool format`` arguments (e.g. bootstrap SCRAM users); none here."""
+        return []
+
     def _write_config(self) -> None:
         if self.port is None:
             self.port = free_port()
@@ -270,6 +294,7 @@ class LocalKafka:
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(data),
+            **self._security_properties(),
             **self.properties,
         }
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -286,8 +311,9 @@ class LocalKafka:
     def _format(self, java: str, libs: Path) -> None:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         cmd = self._java_cmd(java, libs, "kafka.tools.StorageTool") + [
-            "format", "-t", cluster_id, "-c", str(self.workdir / "server.properties"),
-            "--standalone",
+            # "=": a random id may start with "-", which the argument parser takes for an option
+            "format", f"--cluster-id={cluster_id}", "-c", str(self.workdir / "server.properties"),
+            "--standalone", *self._format_args(),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
@@ -315,13 +341,7 @@ class LocalKafka:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         assert self.process is not None
-        conf = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "socket.timeout.ms": 2000,
-            # librdkafka's own "connection refused" lines while the broker boots go to logging,
-            # not to stderr
-            "logger": logging.getLogger(__name__ + ".librdkafka"),
-        }
+        conf = {**self.client_settings(), "socket.timeout.ms": 2000, "logger": _probe_log}
         topic = f"__neli_ready_{uuid.uuid4().hex[:8]}"
         last_error = "no answer"
         admin = AdminClient(conf)
@@ -477,7 +497,8 @@ class _ClusterNode(LocalKafka):
     def _format(self, java: str, libs: Path) -> None:
         # static quorum (controller.quorum.voters): every node formats with the same cluster id
         cmd = self._java_cmd(java, libs, "kafka.tools.StorageTool") + [
-            "format", "-t", self.cluster_id, "-c", str(self.workdir / "server.properties"),
+            "format", f"--cluster-id={self.cluster_id}", "-c",
+            str(self.workdir / "server.properties"),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:

@@ -8,6 +8,9 @@ Fixtures:
 - ``kafka_admin`` (session): a ``confluent_kafka.admin.AdminClient`` for that broker.
 - ``new_topic`` (function): ``new_topic(partitions=1, config=None) -> name`` creates a fresh,
   uniquely named topic.
+- ``secured_kafka`` (session): a :class:`~neli_orchestrate.testing.secured_kafka.SecuredLocalKafka`
+  (SASL/SCRAM, StandardAuthorizer, ACLs), started on first request only, so tests that do not
+  ask for it pay nothing. It fails, never skips, when the broker cannot start.
 
 Markers registered here: ``kafka``, ``spark``, ``airflow``, ``dagster`` (tests that need the
 named real component).
@@ -15,6 +18,7 @@ named real component).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -25,6 +29,9 @@ import pytest
 from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
 
 BOOTSTRAP_ENV = "NELI_TEST_BOOTSTRAP_SERVERS"
+
+# the fixtures' clients log through Python logging, never raw to stderr
+_librdkafka_log = logging.getLogger("neli_orchestrate.testing.librdkafka")
 
 NewTopicFactory = Callable[..., str]
 
@@ -42,7 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _check_reachable(bootstrap: str) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000,
+                         "logger": _librdkafka_log})
     try:
         admin.list_topics(timeout=10)
     except Exception as exc:  # noqa: BLE001
@@ -77,7 +85,7 @@ def kafka_admin(kafka_broker: str):  # type: ignore[no-untyped-def]
     """An AdminClient connected to ``kafka_broker``."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": kafka_broker})
+    return AdminClient({"bootstrap.servers": kafka_broker, "logger": _librdkafka_log})
 
 
 @pytest.fixture
@@ -94,3 +102,20 @@ def new_topic(kafka_admin, request: pytest.FixtureRequest) -> NewTopicFactory:  
         return name
 
     return create
+
+
+@pytest.fixture(scope="session")
+def secured_kafka():  # type: ignore[no-untyped-def]
+    """A broker that authenticates (SASL/SCRAM) and authorizes (ACLs); started lazily."""
+    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
+
+    kafka = SecuredLocalKafka()
+    try:
+        kafka.start(timeout=180.0)  # SCRAM set-up adds work; shared CI machines are slow
+    except LocalKafkaError as exc:
+        kafka.stop()
+        pytest.fail(f"secured Kafka broker could not start: {exc}", pytrace=False)
+    try:
+        yield kafka
+    finally:
+        kafka.stop()

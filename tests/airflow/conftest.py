@@ -24,6 +24,21 @@ if "AIRFLOW_HOME" not in os.environ:
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="neli-airflow-tests-")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fencing_policy() -> Any:
+    """The provider's cluster policy, registered as Airflow does from the ``airflow.policy``
+    entry point (an installed wheel has it; a checkout on PYTHONPATH may not)."""
+    from airflow import settings
+
+    from neli_orchestrate.airflow import policy
+
+    manager = settings.get_policy_plugin_manager()
+    if not policy.policy_loaded():
+        manager.register(policy)
+    assert policy.policy_loaded()
+    return policy
+
+
 @pytest.fixture
 def namespace() -> str:
     """A fresh NELI namespace: its own groups, leader topic and ledger topic."""

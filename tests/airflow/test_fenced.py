@@ -21,12 +21,9 @@ from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.operators.fenced import (
-    FencedExecutionMixin,
-    FencedSparkSubmitOperator,
-    fenced,
-)
+from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
+from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
 from neli_orchestrate.errors import FencedError, SkippedRun
 from neli_orchestrate.ledger import RunState
 

@@ -18,6 +18,7 @@ from typing import Any
 import pendulum
 import pytest
 import structlog
+from airflow.providers.standard.operators.bash import BashOperator
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import (
@@ -62,7 +63,9 @@ def gate_for(conn_id: str, **kwargs: Any) -> LeaderGateOperator:
     kwargs.setdefault("timeout", 60)
     with DAG(DAG_ID, schedule=None, start_date=LOGICAL):
         gate = LeaderGateOperator(task_id="claim_run", role=ROLE, neli_conn_id=conn_id, **kwargs)
-        gate >> EmptyOperator(task_id="spark_job") >> EmptyOperator(task_id="report")
+        gate >> BashOperator(task_id="spark_job", bash_command="exit 1") >> EmptyOperator(
+            task_id="report"
+        )
     return gate
 
 

@@ -21,15 +21,16 @@ KEY_SECRET = "k3y-passw0rd-for-ssl"
 def neli(extra: dict | None = None, **fields: object) -> Connection:
     values = {"conn_id": "neli_x", "conn_type": "neli", "host": "b1:9092,b2:9092"}
     values.update(fields)
-    return Connection(extra=json.dumps({"deployment": "us-east-1", **(extra or {})}), **values)
+    return Connection(extra=json.dumps({"deployment": "us-east-1", "namespace": "acme",
+                                        **(extra or {})}), **values)
 
 
 def test_neli_connection_gives_bootstrap_servers_namespace_and_topics() -> None:
     s = settings_from_connection(neli({"namespace": "acme"}))
     assert s.bootstrap_servers == "b1:9092,b2:9092"
     assert s.deployment == "us-east-1"
-    assert (s.group_id, s.leader_topic, s.resolved_ledger_topic) == (
-        "acme",
+    assert (s.names.group_id("daily"), s.leader_topic, s.resolved_ledger_topic) == (
+        "acme.daily",
         "acme.neli",
         "acme.ledger",
     )
@@ -106,8 +107,10 @@ def test_missing_deployment_names_every_place_it_can_be_set(monkeypatch) -> None
 
 def test_deployment_falls_back_to_the_neli_config_section(monkeypatch) -> None:
     monkeypatch.setenv("AIRFLOW__NELI__DEPLOYMENT", "ap-south-1")
+    monkeypatch.setenv("AIRFLOW__NELI__NAMESPACE", "acme")
     conn = Connection(conn_id="neli_x", conn_type="neli", host="b:9092")
     assert settings_from_connection(conn).deployment == "ap-south-1"
+    assert settings_from_connection(conn).namespace == "acme"
     # an operator argument wins over the connection and the config
     assert settings_from_connection(neli(), deployment="eu-west-1").deployment == "eu-west-1"
 
@@ -156,15 +159,15 @@ def test_hook_builds_neli_and_singleton_config_from_the_connection() -> None:
     hook = NeliHook("neli_x", connection=conn)
     config = hook.singleton_config()
     assert config.deployment == "us-east-1"
-    assert config.ledger_topic == "acme.ledger"
+    assert config.names.ledger_topic == "acme.ledger"
     assert (config.handoff_timeout, config.acquire_timeout) == (120.0, 30.0)
     assert config.max_attempts == 3
     resolved = config.neli.resolved
-    assert (resolved.group_id, resolved.topic) == ("acme", "acme.neli")
     assert (resolved.session_timeout, resolved.heartbeat_timeout) == (6.0, 1.5)
     assert resolved.bootstrap_servers == "b1:9092,b2:9092"
     # each role gets its own group in the namespace
-    assert config.role_neli("daily").resolved.group_id == "acme.daily"
+    role = config.role_neli("daily").resolved
+    assert (role.group_id, role.topic) == ("acme.daily", "acme.neli")
     # hook arguments override the connection
     hook = NeliHook("neli_x", connection=conn, acquire_timeout=2, deployment="eu-west-1")
     assert hook.singleton_config().acquire_timeout == 2.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from neli_orchestrate.airflow.provider import CONN_FIELDS, get_provider_info
 
 pytestmark = pytest.mark.airflow
 
+REPO = Path(__file__).resolve().parents[2]
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 
@@ -28,6 +30,20 @@ def test_entry_point_points_at_get_provider_info() -> None:
         ("provider_info", "neli_orchestrate.airflow.provider:get_provider_info")
     ]
     assert points[0].load() is get_provider_info
+
+
+def test_policy_entry_point_and_docs_url_are_declared_in_pyproject() -> None:
+    import tomllib
+
+    from neli_orchestrate.airflow import policy
+    from neli_orchestrate.airflow.provider import DOCS_URL
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (target,) = project["entry-points"]["airflow.policy"].values()
+    assert importlib.import_module(target) is policy and hasattr(policy.dag_policy, "__name__")
+    (integration,) = get_provider_info()["integrations"]
+    assert integration["external-doc-url"] == DOCS_URL == project["urls"]["Documentation"]
+    assert DOCS_URL.endswith("docs/airflow.md")
 
 
 def test_package_name_is_the_distributions_canonical_name() -> None:
@@ -100,3 +116,11 @@ def test_airflow_providers_list_shows_the_provider(tmp_path: Path) -> None:
     start = hooks.stdout.index("[")
     by_type = {h["connection_type"]: h for h in json.loads(hooks.stdout[start:])}
     assert by_type["neli"]["class"] == "neli_orchestrate.airflow.hooks.neli.NeliHook"
+
+
+def test_the_user_guides_first_example_is_the_dag_file_the_tests_run() -> None:
+    guide = (REPO / "docs" / "airflow.md").read_text()
+    example = guide.split("```python\n", 1)[1].split("```", 1)[0].strip()
+    dag_file = (REPO / "dags" / "stock_downstream.py").read_text()
+    assert example and example in dag_file
+    assert "SparkSubmitOperator" in guide.split("```python", 1)[0]  # stock form named first

@@ -83,6 +83,22 @@ class World:
         )
 
 
+def policy_settings(root: Path) -> dict[str, str]:
+    """Environment that registers the provider's cluster policy through airflow_local_settings.
+
+    An installed wheel registers it through its ``airflow.policy`` entry point; the tests run
+    from a checkout on PYTHONPATH, whose installed metadata may predate the entry point.
+    Registering it twice is harmless (the policy is idempotent).
+    """
+    settings = root / "local_settings"
+    settings.mkdir(exist_ok=True)
+    (settings / "airflow_local_settings.py").write_text(
+        "from neli_orchestrate.airflow.policy import dag_policy  # noqa: F401\n"
+    )
+    path = os.pathsep.join(p for p in (str(settings), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path}
+
+
 @pytest.fixture(scope="module")
 def world(warm_broker: str, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("regions")
@@ -99,11 +115,13 @@ def world(warm_broker: str, tmp_path_factory: pytest.TempPathFactory):
                 "nycflights_output": str(holder.output),
                 "fence_started": str(holder.started / name),
             },
+            env=policy_settings(root),
         )
         for name in (A, B)
     ]
     dags = [
         REPO / "dags" / "nycflights_daily.py",
+        REPO / "dags" / "stock_downstream.py",
         REPO / "dags" / "jobs",
         REPO / "dags" / ".airflowignore",
         HERE / "dags" / "neli_fence_test.py",
@@ -135,6 +153,8 @@ def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
         ran_in[date] = runner
         (other,) = [n for n in outcomes if n != runner]
         assert outcomes[runner]["daily_performance"]["try_number"] == 1
+        spark_log = world.regions[runner].task_log(DAG_ID, runs[runner][date], "daily_performance")
+        assert "Running under fencing token" in spark_log, spark_log[-3000:]
         assert outcomes[runner]["report"]["state"] == "success"
         assert outcomes[other]["daily_performance"]["state"] == "skipped"
         assert outcomes[other]["report"]["state"] == "skipped"
@@ -180,6 +200,44 @@ def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
 
     for region in regions:
         assert SECRET not in region.all_logs(), f"{region.name} logged the Kafka secret"
+
+
+STOCK_DAG = "stock_downstream"  # dags/stock_downstream.py: the issue's DAG, verbatim
+
+
+def test_issue_dag_in_one_region_leaves_the_ledger_completed(world: World) -> None:
+    region = world.regions[A]
+    run_id = region.trigger(STOCK_DAG, "2013-03-01")
+    assert region.wait_for_runs(STOCK_DAG, [run_id], timeout=300) == {run_id: "success"}
+    tis = region.task_instances(STOCK_DAG, run_id)
+    assert (tis["gate"]["state"], tis["job"]["state"]) == ("success", "success")
+    with world.hook(A).get_singleton() as mine:
+        latest = mine.status("stock_downstream", "stock/2013-03-01")
+    assert (latest.state, latest.deployment) == (RunState.COMPLETED, A)
+    log = region.task_log(STOCK_DAG, run_id, "job")
+    assert f"stock job ran with fencing token {latest.token}" in log, log[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_stock_bash_behind_the_gate_runs_each_date_once_across_two_regions(world: World) -> None:
+    dates = ["2013-04-01", "2013-04-02"]
+    regions = list(world.regions)
+    runs = {r.name: {d: r.trigger(STOCK_DAG, d) for d in dates} for r in regions}
+    for region in regions:
+        states = region.wait_for_runs(STOCK_DAG, runs[region.name].values(), timeout=600)
+        assert set(states.values()) == {"success"}, (region.name, states)
+    history = ledger_history(world.bootstrap, f"{world.namespace}.ledger")
+    for date in dates:
+        jobs = {
+            r.name: r.task_instances(STOCK_DAG, runs[r.name][date])["job"]["state"]
+            for r in regions
+        }
+        assert sorted(jobs.values()) == ["skipped", "success"], (date, jobs)
+        (runner,) = [name for name, state in jobs.items() if state == "success"]
+        records = [r for r in history if r.run_key == f"stock/{date}"]
+        states = Counter(r.state for r in records)
+        assert states[RunState.RUNNING] == 1 and states[RunState.COMPLETED] == 1, records
+        assert records[-1].deployment == runner
 
 
 def _spark_processes(marker: str) -> list[psutil.Process]:

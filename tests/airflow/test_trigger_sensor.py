@@ -60,6 +60,7 @@ def test_trigger_serializes_to_the_arguments_that_rebuild_it() -> None:
         acquire_timeout=2,
         poll_interval=7,
         first_check=0,
+        wait_started_at=1234.5,
     )
     path, kwargs = trigger.serialize()
     assert path == "neli_orchestrate.airflow.triggers.leader.NeliLeadershipTrigger"
@@ -72,6 +73,7 @@ def test_trigger_serializes_to_the_arguments_that_rebuild_it() -> None:
         "acquire_timeout": 2,
         "poll_interval": 7.0,
         "first_check": 0.0,
+        "wait_started_at": 1234.5,
     }
     # by default the first check waits out Airflow's defer/resume race (apache/airflow#72716)
     assert NeliLeadershipTrigger(role=ROLE, poll_interval=5).first_check == 15.0

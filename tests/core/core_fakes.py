@@ -38,6 +38,7 @@ class FakeCluster:
     unreachable: bool = False
     deny_create: bool = False
     group_settings: dict[str, str] | None = None
+    broker_settings: dict[str, str] | None = None  # None: not readable (old broker, no ACL)
     deny_group_alter: bool = False
     group_stale_reads: int = 0           # describes that still show the old group settings
     topic_invisible_reads: int = 0       # metadata reads that miss a just-created topic
@@ -50,6 +51,7 @@ class FakeCluster:
     altered_groups: list[dict[str, str]] = field(default_factory=list)
     consumers: list[FakeConsumer] = field(default_factory=list)
     producers: list[FakeProducer] = field(default_factory=list)
+    watchers: list[FakeWatcher] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for p in range(self.partitions):
@@ -121,6 +123,9 @@ class FakeAdmin:
         self._old_group_settings = dict(self.cluster.group_settings or {})
         self.cluster.group_settings = {**(self.cluster.group_settings or {}), **settings}
 
+    def broker_config(self, topic: str, timeout: float) -> Mapping[str, str] | None:
+        return self.cluster.broker_settings
+
     def group_config(self, group_id: str, timeout: float) -> Mapping[str, str] | None:
         if self.cluster.group_stale_reads > 0:
             self.cluster.group_stale_reads -= 1
@@ -142,6 +147,7 @@ class FakeConsumer:
         self.commits: list[dict[int, int]] = []
         self.polls = 0
         self.closed = False
+        self.rejoins = 0
         self.trace: list[str] = []   # "assign:0", "unassign:0", ... in the order they happened
 
     # -- test controls (the test is the group coordinator) ------------------------------------
@@ -213,6 +219,10 @@ class FakeConsumer:
         self.cluster.clock.advance(timeout)
         return None
 
+    def rejoin(self) -> None:
+        self.rejoins += 1
+        self.trace.append("rejoin")
+
     def commit(self, offsets: Mapping[int, int]) -> None:
         self.commits.append(dict(offsets))
         self.ops.append(("commit", (dict(offsets), self.cluster.commit_error)))
@@ -226,6 +236,34 @@ class FakeConsumer:
                 self.trace.append(f"unassign:{p}")
         self.positions.clear()
         self.trace.append("left-group")
+        self.closed = True
+
+
+class FakeWatcher:
+    """Reads watched partitions of the fake log from their end (no group)."""
+
+    def __init__(self, cluster: FakeCluster, settings: Mapping[str, Any], topic: str) -> None:
+        self.cluster = cluster
+        self.settings = dict(settings)
+        self.positions: dict[int, int] = {}
+        self.history: list[list[int]] = []
+        self.closed = False
+
+    def watch(self, partitions: Sequence[int]) -> None:
+        self.history.append(list(partitions))
+        self.positions = {p: len(self.cluster.logs[p]) for p in partitions}
+
+    def poll(self, timeout: float) -> PollResult:
+        for p in sorted(self.positions):
+            pos = self.positions[p]
+            log = self.cluster.logs[p]
+            if pos < len(log):
+                self.positions[p] = pos + 1
+                return log[pos]
+        self.cluster.clock.advance(timeout)
+        return None
+
+    def close(self) -> None:
         self.closed = True
 
 
@@ -283,6 +321,11 @@ class FakeClients:
         producer = FakeProducer(self.cluster, settings, topic)
         self.cluster.producers.append(producer)
         return producer
+
+    def watcher(self, settings: Mapping[str, Any], topic: str) -> FakeWatcher:
+        watcher = FakeWatcher(self.cluster, settings, topic)
+        self.cluster.watchers.append(watcher)
+        return watcher
 
 
 def kinds(events: Sequence[object]) -> list[str]:

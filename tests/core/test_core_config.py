@@ -24,7 +24,8 @@ def test_defaults_follow_gonelis_spirit() -> None:
     assert r.min_poll_interval == pytest.approx(0.1)
     assert r.heartbeat_timeout == pytest.approx(r.session_timeout / 3)
     assert r.mode == "fast" and r.exclusive and r.roles == (0,)
-    assert r.group_protocol == "classic" and r.assignor == "cooperative-sticky"
+    # the protocol is chosen at start-up from the broker's settings (test_core_startup.py)
+    assert r.group_protocol == "auto" and r.assignor is None
     assert r.revoke_timeout < r.max_poll_interval
     # the raw fields stay as given: derived values live in .resolved only
     assert config.topic is None and config.group_id is None
@@ -99,7 +100,7 @@ def test_static_membership_refusal_explains_the_handover_delay() -> None:
 
 def test_ordinary_kafka_settings_pass_through_to_every_client() -> None:
     config = NeliConfig(kafka_config={"security.protocol": "SASL_SSL",
-                                      "sasl.password": "hunter2"})
+                                      "sasl.password": "hunter2"}, group_protocol="classic")
     assert consumer_settings(config.resolved)["security.protocol"] == "SASL_SSL"
     assert producer_settings(config.resolved)["sasl.password"] == "hunter2"
     assert "hunter2" not in repr(config)
@@ -123,8 +124,11 @@ def test_ordinary_kafka_settings_pass_through_to_every_client() -> None:
         ({"mode": "medium"}, r"mode='medium'"),
         ({"profile": "turbo"}, r"profile='turbo' is unknown; choose one of \['default', 'fast'\]"),
         ({"group_protocol": "eager"}, r"group_protocol='eager'"),
-        ({"assignor": "range"}, r"eager assignor 'range'.*cooperative-sticky"),
-        ({"assignor": "roundrobin,cooperative-sticky"}, r"eager assignor 'roundrobin'"),
+        ({"group_protocol": "classic", "assignor": "range"},
+         r"eager assignor 'range'.*cooperative-sticky"),
+        ({"group_protocol": "classic", "assignor": "roundrobin,cooperative-sticky"},
+         r"eager assignor 'roundrobin'"),
+        ({"assignor": "uniform"}, r"set group_protocol='classic' or 'consumer' explicitly"),
         ({"group_protocol": "consumer", "assignor": "cooperative-sticky"},
          r"choose 'uniform', 'range'"),
         ({"session_timeout": 0}, r"session_timeout=0 must be > 0"),
@@ -170,7 +174,8 @@ def test_exclusive_rule_includes_clock_error_and_group_heartbeat() -> None:
 
 
 def test_consumer_settings_for_the_classic_protocol() -> None:
-    r = NeliConfig(bootstrap_servers="k:1", group_id="g", profile="fast").resolved
+    r = NeliConfig(bootstrap_servers="k:1", group_id="g", profile="fast",
+                   group_protocol="classic").resolved
     s = consumer_settings(r)
     assert s["group.id"] == "g" and s["bootstrap.servers"] == "k:1"
     assert s["partition.assignment.strategy"] == "cooperative-sticky"

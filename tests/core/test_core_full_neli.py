@@ -7,7 +7,7 @@ from core_fakes import FakeClients, FakeCluster, kinds
 
 from neli_orchestrate.core import FakeClock, LeaderEvent, LeaderRevoked, Neli, NeliConfig
 from neli_orchestrate.core.events import REASON_LEASE_EXPIRED
-from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.errors import TopicMismatchError
 
 SESSION = 1.0
 T_EXCLUSIVE = 0.3
@@ -178,7 +178,7 @@ def test_non_exclusive_leader_keeps_leading_after_revoke_until_t_lapses() -> Non
 def test_full_mode_refuses_a_topic_with_producer_timestamps() -> None:
     cluster = full_cluster()
     cluster.topic_settings["message.timestamp.type"] = "CreateTime"
-    with pytest.raises(KafkaUnavailableError, match="LogAppendTime"):
+    with pytest.raises(TopicMismatchError, match="LogAppendTime"):
         make(cluster)
 
 

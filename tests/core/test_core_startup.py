@@ -8,7 +8,13 @@ import pytest
 from core_fakes import FakeClients, FakeCluster
 
 from neli_orchestrate.core import FakeClock, Neli, NeliConfig
-from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
+from neli_orchestrate.core.topic import choose_group_protocol
+from neli_orchestrate.errors import (
+    ConfigError,
+    KafkaUnavailableError,
+    SessionTimeoutRejectedError,
+    TopicMismatchError,
+)
 
 
 def config(**overrides: object) -> NeliConfig:
@@ -52,13 +58,13 @@ def test_denied_topic_creation_is_a_clear_error() -> None:
 
 def test_missing_topic_without_creation_is_a_clear_error() -> None:
     cluster = FakeCluster(clock=FakeClock(), topic_exists=False)
-    with pytest.raises(KafkaUnavailableError, match="does not exist and NeliConfig.create_topic"):
+    with pytest.raises(TopicMismatchError, match="does not exist and NeliConfig.create_topic"):
         start(cluster, create_topic=False)
 
 
 def test_partition_count_that_does_not_match_the_config_is_refused() -> None:
     cluster = FakeCluster(clock=FakeClock(), partitions=3)
-    with pytest.raises(KafkaUnavailableError, match=r"has 3 partition\(s\) but NeliConfig"):
+    with pytest.raises(TopicMismatchError, match=r"has 3 partition\(s\) but NeliConfig"):
         start(cluster, partitions=4)
     assert start(cluster).partitions == 3   # partitions=None accepts the topic's count
 
@@ -107,8 +113,68 @@ def test_kip_848_group_with_a_longer_broker_session_is_accepted_with_a_warning(
 
 def test_classic_group_needs_no_group_settings() -> None:
     cluster = FakeCluster(clock=FakeClock())
-    start(cluster)
+    start(cluster)  # auto, broker settings unreadable: classic
     assert cluster.altered_groups == []
+
+
+KIP_848_BROKER = {"group.coordinator.rebalance.protocols": "classic,consumer",
+                  "group.consumer.min.session.timeout.ms": "45000",
+                  "group.consumer.max.session.timeout.ms": "60000",
+                  "group.consumer.min.heartbeat.interval.ms": "5000",
+                  "group.consumer.max.heartbeat.interval.ms": "15000",
+                  "group.min.session.timeout.ms": "6000",
+                  "group.max.session.timeout.ms": "1800000"}
+
+
+@pytest.mark.parametrize(("broker", "overrides", "protocol", "why"), [
+    (None, {}, "classic", "not readable"),
+    ({"group.min.session.timeout.ms": "6000"}, {}, "classic", "predates KIP-848"),
+    ({**KIP_848_BROKER, "group.coordinator.rebalance.protocols": "classic"}, {}, "classic",
+     "does not enable KIP-848"),
+    (KIP_848_BROKER, {"profile": "default"}, "classic",
+     "session_timeout=10 s is below the broker's group.consumer.min.session.timeout.ms=45000"),
+    (KIP_848_BROKER, {"profile": "default", "session_timeout": 50.0,
+                      "group_heartbeat_interval": 5.0}, "consumer", "supports KIP-848"),
+    (KIP_848_BROKER, {"profile": "default", "session_timeout": 50.0,
+                      "group_heartbeat_interval": 5.0, "apply_group_config": False},
+     "consumer", "supports KIP-848"),
+    ({**KIP_848_BROKER, "group.consumer.min.session.timeout.ms": "100",
+      "group.consumer.min.heartbeat.interval.ms": "50"}, {}, "consumer", "supports KIP-848"),
+    (None, {"group_protocol": "consumer"}, "consumer", "configured"),
+])
+def test_auto_group_protocol_takes_kip_848_when_the_broker_supports_it(
+        broker, overrides, protocol, why) -> None:  # type: ignore[no-untyped-def]
+    r = config(**overrides).resolved
+    chosen, reason = choose_group_protocol(broker, r)
+    assert (chosen, why in reason) == (protocol, True), reason
+
+
+def test_the_chosen_protocol_reaches_the_consumer_and_the_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    cluster = FakeCluster(clock=FakeClock(), broker_settings={
+        **KIP_848_BROKER, "group.consumer.min.session.timeout.ms": "100",
+        "group.consumer.min.heartbeat.interval.ms": "50"})
+    with caplog.at_level(logging.DEBUG, logger="neli_orchestrate.core.topic"):
+        neli = start(cluster)
+    assert neli.resolved.group_protocol == "consumer" and neli.resolved.assignor is None
+    assert "uses the consumer group protocol: the broker supports KIP-848" in caplog.text
+    # and KIP-848 means the member set its session and heartbeat on the group
+    assert cluster.altered_groups == [{"consumer.session.timeout.ms": "1000",
+                                       "consumer.heartbeat.interval.ms": "50"}]
+
+    cluster = FakeCluster(clock=FakeClock(), broker_settings={
+        **KIP_848_BROKER, "group.coordinator.rebalance.protocols": "classic",
+        "group.min.session.timeout.ms": "100"})
+    assert start(cluster).resolved.assignor == "cooperative-sticky"
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer", "auto"])
+def test_a_session_timeout_outside_the_brokers_limits_fails_at_start(protocol: str) -> None:
+    cluster = FakeCluster(clock=FakeClock(), broker_settings={
+        **KIP_848_BROKER, "group.min.session.timeout.ms": "6000"})
+    with pytest.raises(SessionTimeoutRejectedError, match="group.min.session.timeout.ms=6000"
+                       if protocol != "consumer" else "group.consumer.min.session"):
+        start(cluster, group_protocol=protocol)  # fast profile: a 1 s session
 
 
 def test_a_config_the_kafka_client_rejects_is_a_config_error() -> None:

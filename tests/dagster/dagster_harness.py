@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -129,6 +130,7 @@ def ledger_history(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Le
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
+            "logger": logging.getLogger("tests.dagster.librdkafka"),
         }
     )
     try:

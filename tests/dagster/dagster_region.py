@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -36,8 +37,8 @@ def _metadata(entries: Any) -> dict[str, Any]:
     return {key: getattr(value, "value", value) for key, value in (entries or {}).items()}
 
 
-def summarize(result: Any) -> dict[str, Any]:
-    """What one run did, from its events, as JSON-friendly data."""
+def summarize(result: Any, instance: Any) -> dict[str, Any]:
+    """What one run did, from its events and its event log, as JSON-friendly data."""
     from dagster import DagsterEventType
 
     out: dict[str, Any] = {
@@ -47,7 +48,14 @@ def summarize(result: Any) -> dict[str, Any]:
         "step_success": [],
         "step_skipped": [],
         "step_failures": [],
+        "step_retries": [],
         "outputs": {},
+        # What steps logged through context.log: (level name, step key, message).
+        "logs": [
+            (logging.getLevelName(entry.level), entry.step_key, entry.user_message)
+            for entry in instance.all_logs(result.run_id)
+            if not entry.is_dagster_event
+        ],
     }
     for event in result.all_events:
         kind = event.event_type
@@ -71,6 +79,8 @@ def summarize(result: Any) -> dict[str, Any]:
             )
         elif kind == DagsterEventType.STEP_SUCCESS:
             out["step_success"].append(event.step_key)
+        elif kind == DagsterEventType.STEP_UP_FOR_RETRY:
+            out["step_retries"].append(event.step_key)
         elif kind == DagsterEventType.STEP_SKIPPED:
             out["step_skipped"].append(event.step_key)
         elif kind == DagsterEventType.STEP_OUTPUT:
@@ -115,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
                 with execute_job(
                     job, instance, tags={"dagster/partition": partition}
                 ) as result:
-                    summary = summarize(result)
+                    summary = summarize(result, instance)
             else:
                 job_def = dagster_test_defs.JOB_GETTERS[args.job]()
                 result = job_def.execute_in_process(
                     instance=instance, partition_key=partition, raise_on_error=False
                 )
-                summary = summarize(result)
+                summary = summarize(result, instance)
             summary["seconds"] = round(time.monotonic() - started, 2)
             results["runs"][partition] = summary
     Path(args.result).write_text(json.dumps(results, indent=2, default=str))

@@ -6,7 +6,8 @@ deployment has its own env): ``NELI_BOOTSTRAP_SERVERS``, ``NELI_DEPLOYMENT``,
 
 Evidence, appended with O_APPEND so concurrent writers never interleave a line:
 - ``work.log``: one line ``<role> <run key> <deployment> <token> <pid>`` per execution of work;
-- ``fenced_spark.json``: written by the fencing asset once its Spark job is running.
+- ``fenced_spark-<deployment>.json``: written by the fencing asset once its Spark job runs;
+- ``flaky-failed``: created by the first execution of ``flaky_daily`` (which then fails).
 """
 
 import json
@@ -28,8 +29,9 @@ GATED_ROLE = "gated_daily"
 # the group rebalances) while the winner works, which must not disturb the winner.
 WORK_SECONDS = 2.0
 STEP_BARRIER_TIMEOUT = 120.0
-# The fencing asset's Spark tasks run until released or cancelled, at most this long.
-SPARK_TASK_LIMIT_SECONDS = 120.0
+# The fencing asset's Spark tasks run until released or cancelled; the limit only bounds a
+# leak (above the fencing test's step timeouts, so it never stands in for a cancel).
+SPARK_TASK_LIMIT_SECONDS = 900.0
 
 
 def evidence_dir() -> Path:
@@ -150,11 +152,13 @@ class TestSpark(dg.ConfigurableResource):
             self._session = None
 
 
-def _task_until_released(folder: str, limit: float):  # type: ignore[no-untyped-def]
+def _task_until_released(folder: str, deployment: str, limit: float):  # type: ignore[no-untyped-def]
     """Return a Spark task that says it started, then runs until released, the limit, or killed.
 
-    A closure, so Spark's cloudpickle ships it by value: the Python workers cannot import
-    this test module.
+    Evidence and release files are per deployment (``task-<deployment>-<i>.started``,
+    ``release-<deployment>``), so the test can let one deployment's job finish while the
+    other's is still held. A closure, so Spark's cloudpickle ships it by value: the Python
+    workers cannot import this test module.
     """
 
     def task(index: int) -> int:
@@ -163,11 +167,11 @@ def _task_until_released(folder: str, limit: float):  # type: ignore[no-untyped-
         from pathlib import Path
 
         start = time.monotonic()
-        Path(folder, f"task-{index}.started").write_text(str(os.getpid()))
-        release = Path(folder, "release")
+        Path(folder, f"task-{deployment}-{index}.started").write_text(str(os.getpid()))
+        release = Path(folder, f"release-{deployment}")
         while not release.exists() and time.monotonic() - start < limit:
             time.sleep(0.05)
-        Path(folder, f"task-{index}.finished").write_text(str(os.getpid()))
+        Path(folder, f"task-{deployment}-{index}.finished").write_text(str(os.getpid()))
         return index
 
     return task
@@ -176,9 +180,9 @@ def _task_until_released(folder: str, limit: float):  # type: ignore[no-untyped-
 @singleton_asset(partitions_def=DAYS)
 def fenced_spark(context: dg.AssetExecutionContext, run: NeliRun, spark: TestSpark) -> int:
     session = spark.session()
-    task = _task_until_released(str(evidence_dir()), SPARK_TASK_LIMIT_SECONDS)
+    task = _task_until_released(str(evidence_dir()), run.deployment, SPARK_TASK_LIMIT_SECONDS)
     with run.cancel_spark_on_fence(session):
-        (evidence_dir() / "fenced_spark.json").write_text(
+        (evidence_dir() / f"fenced_spark-{run.deployment}.json").write_text(
             json.dumps({"pid": os.getpid(), "token": run.token, "run_key": run.run_key})
         )
         rdd = session.sparkContext.parallelize(range(2), 2)
@@ -187,16 +191,46 @@ def fenced_spark(context: dg.AssetExecutionContext, run: NeliRun, spark: TestSpa
     return len(done)
 
 
+# -- a step that fails once, then succeeds on Dagster's retry -----------------------------
+
+FLAKY_RETRY_DELAY = 2.0
+
+
+@singleton_asset(
+    partitions_def=DAYS,
+    run_key=partition_key_when_peers_arrive,
+    retry_policy=dg.RetryPolicy(max_retries=1, delay=FLAKY_RETRY_DELAY),
+)
+def flaky_daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+    """Fails its first execution in any deployment (after working a while), then succeeds."""
+    record_work(run)
+    time.sleep(WORK_SECONDS)
+    try:
+        fd = os.open(evidence_dir() / "flaky-failed", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return int(run.token)
+    os.close(fd)
+    raise RuntimeError(f"flaky_daily fails its first execution (token {run.token})")
+
+
+@dg.asset(partitions_def=DAYS)
+def flaky_daily_report(context: dg.AssetExecutionContext, flaky_daily: int) -> str:
+    return f"{context.partition_key} computed with token {flaky_daily}"
+
+
 # -- definitions and reconstructable job getters -------------------------------------------
 
 defs = dg.Definitions(
-    assets=[daily_counted, daily_counted_report, fenced_spark],
+    assets=[daily_counted, daily_counted_report, fenced_spark, flaky_daily, flaky_daily_report],
     jobs=[
         gated_job,
         dg.define_asset_job(
             "counted_job", selection=[daily_counted, daily_counted_report], partitions_def=DAYS
         ),
         dg.define_asset_job("fenced_spark_job", selection=[fenced_spark], partitions_def=DAYS),
+        dg.define_asset_job(
+            "flaky_job", selection=[flaky_daily, flaky_daily_report], partitions_def=DAYS
+        ),
     ],
     resources={"neli": neli_resource(), "spark": TestSpark()},
 )
@@ -214,7 +248,12 @@ def get_fenced_spark_job() -> dg.JobDefinition:
     return defs.resolve_job_def("fenced_spark_job")
 
 
+def get_flaky_job() -> dg.JobDefinition:
+    return defs.resolve_job_def("flaky_job")
+
+
 JOB_GETTERS = {
+    "flaky_job": get_flaky_job,
     "counted_job": get_counted_job,
     "gated_job": get_gated_job,
     "fenced_spark_job": get_fenced_spark_job,

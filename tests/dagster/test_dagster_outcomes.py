@@ -7,6 +7,7 @@ The same paths against the real broker and real PySpark are in the two-deploymen
 tests.
 """
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -17,6 +18,7 @@ import pytest
 
 from neli_orchestrate.core import MockNeli, NeliConfig
 from neli_orchestrate.dagster import NeliResource, NeliRun, singleton_asset
+from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger import RunState
 from neli_orchestrate.singleton import Singleton
 from neli_orchestrate.testing.memory_ledger import MemoryLedger
@@ -76,11 +78,16 @@ class ScriptedNeliResource(NeliResource):
         return Singleton(self.singleton_config(), ledger=WORLD.ledger, neli_factory=WORLD)
 
 
+INSTANCE: dg.DagsterInstance
+
+
 @pytest.fixture(autouse=True)
-def fresh_world() -> World:
-    global WORLD
+def fresh_world() -> Any:
+    global WORLD, INSTANCE
     WORLD = World()
-    return WORLD
+    with dg.DagsterInstance.ephemeral() as instance:
+        INSTANCE = instance
+        yield WORLD
 
 
 def neli(**overrides: Any) -> ScriptedNeliResource:
@@ -137,7 +144,17 @@ def _materialize(asset: Any, resource: NeliResource, **extra: Any) -> dg.Execute
         partition_key=DAY,
         resources={"neli": resource, **extra},
         raise_on_error=False,
+        instance=INSTANCE,
     )
+
+
+def _log_messages(result: dg.ExecuteInProcessResult, level: int) -> list[str]:
+    """What the step logged through ``context.log`` at ``level``: the run's event log."""
+    return [
+        entry.user_message
+        for entry in INSTANCE.all_logs(result.run_id)
+        if not entry.is_dagster_event and entry.level == level
+    ]
 
 
 def test_run_executes_once_then_every_deployment_skips_with_a_trace() -> None:
@@ -162,7 +179,10 @@ def test_run_executes_once_then_every_deployment_skips_with_a_trace() -> None:
         "deployment": "east",
         "role": "daily",
         "run_key": DAY,
+        "neli_outcome": "RUN",
     }.items()
+    assert isinstance(materialization.metadata["started_at"], dg.TimestampMetadataValue)
+    assert isinstance(materialization.metadata["time_to_lead"], dg.FloatMetadataValue)
 
     for region in ("west", "east"):
         again = _materialize(daily, neli(deployment=region))
@@ -175,6 +195,9 @@ def test_run_executes_once_then_every_deployment_skips_with_a_trace() -> None:
         assert observation.partition == DAY
         assert observation.metadata["done_by_deployment"].value == "east"
         assert observation.metadata["done_token"].value == token
+        done_at = observation.metadata["done_at"]
+        assert isinstance(done_at, dg.TimestampMetadataValue)
+        assert abs(done_at.value - time.time()) < 60
     assert len(ran) == 1
     assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING, RunState.COMPLETED]
 
@@ -198,12 +221,21 @@ def test_fence_during_the_work_cancels_spark_jobs_and_fails_the_step_without_ret
     data = failure.step_failure_data
     assert data.error.cls_name == "Failure"
     [token] = attempts
-    assert {k: v.value for k, v in data.user_failure_data.metadata.items()} == {
+    metadata = dict(data.user_failure_data.metadata)
+    started_at = metadata.pop("started_at")
+    assert isinstance(started_at, dg.TimestampMetadataValue)
+    assert abs(started_at.value - time.time()) < 60
+    assert metadata.pop("neli_outcome").value == "RUN"
+    assert 0 <= metadata.pop("time_to_lead").value < 60
+    assert {k: v.value for k, v in metadata.items()} == {
         "token": token,
         "deployment": "east",
         "role": "daily",
         "run_key": DAY,
     }
+    # The fence is in the run's event log (Dagster's logger), not only in Python logging.
+    [fence_log] = [m for m in _log_messages(result, logging.ERROR) if "fenced" in m]
+    assert f"token {token}" in fence_log and "heartbeat" in fence_log
     group = f"neli/daily/{DAY}/{token}"
     assert ("setJobGroup", group) in spark.calls and ("cancelJobGroup", group) in spark.calls
     assert ("cancelJobsWithTag", group) in spark.calls
@@ -229,7 +261,7 @@ def test_fence_is_reported_even_when_the_work_finishes_anyway() -> None:
     assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING]
 
 
-def test_step_waits_while_another_deployment_leads_then_fails_retriably_never_skips() -> None:
+def test_step_waits_visibly_then_requests_retries_then_fails_never_skips() -> None:
     WORLD.held_groups.add("acme.daily")
     ran: list[int] = []
 
@@ -239,14 +271,42 @@ def test_step_waits_while_another_deployment_leads_then_fails_retriably_never_sk
         return 1
 
     started = time.monotonic()
-    result = _materialize(daily, neli(wait_timeout=0.5))
-    assert time.monotonic() - started >= 0.5
+    result = _materialize(daily, neli(wait_timeout=0.3, wait_retries=2))
+    # Three step attempts, each waiting wait_timeout; retries show as UP_FOR_RETRY in the UI.
+    assert time.monotonic() - started >= 3 * 0.3
+    assert len(_events(result, "STEP_UP_FOR_RETRY")) == 2
     [failure] = _events(result, "STEP_FAILURE")
     description = failure.step_failure_data.user_failure_data.description
     assert "still held by another deployment" in description
+    assert "never skipped" in description
     assert ran == [] and _events(result, "STEP_SKIPPED") == []
-    assert len(WORLD.members) >= 2, "the step tried again before giving up"
+    # Every attempt to claim is in the run's event log, not a silent sleep.
+    waits = [m for m in _log_messages(result, logging.INFO) if "neli: waiting for" in m]
+    assert len(waits) >= 3, waits
+    retries = [m for m in _log_messages(result, logging.WARNING) if "requesting step retry" in m]
+    assert [m.split("requesting step retry ")[1][:3] for m in retries] == ["1/2", "2/2"]
+    assert len(WORLD.members) >= 3, "each attempt tried again"
     assert all(m.closed for m in WORLD.members), "every attempt left the group"
+
+
+def test_step_runs_once_the_holder_lets_go_during_the_wait() -> None:
+    WORLD.held_groups.add("acme.daily")
+    ran: list[int] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        ran.append(int(run.token))
+        return 1
+
+    release = threading.Timer(0.4, WORLD.held_groups.clear)
+    release.start()
+    try:
+        result = _materialize(daily, neli(wait_timeout=30.0, wait_retries=0))
+    finally:
+        release.cancel()
+    assert result.success
+    assert len(ran) == 1 and _events(result, "STEP_UP_FOR_RETRY") == []
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING, RunState.COMPLETED]
 
 
 def test_run_key_past_its_attempt_limit_fails_the_step_for_good() -> None:
@@ -279,3 +339,61 @@ def test_a_role_per_partition_keeps_dates_apart_in_the_ledger() -> None:
     assert WORLD.ledger.history(f"daily/{DAY}", DAY) == [RunState.RUNNING, RunState.COMPLETED]
     assert WORLD.ledger.history("daily", DAY) == []
     assert {m.group for m in WORLD.members} == {f"acme.daily/{DAY}"}
+
+
+def test_spark_work_does_not_start_once_the_run_is_fenced() -> None:
+    # Observed on a loaded machine: the fence came while the SparkSession was starting; the
+    # job-group cancel then found no jobs, and the Spark job ran anyway.
+    spark = FakeSparkContext()
+    started: list[int] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        WORLD.members[-1].fence()
+        deadline = time.monotonic() + 10
+        while not run.fenced and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with run.cancel_spark_on_fence(spark):
+            started.append(1)
+        return 1
+
+    result = _materialize(daily, neli())
+    [failure] = _events(result, "STEP_FAILURE")
+    assert failure.step_failure_data.error.cls_name == "Failure"
+    assert "fenced" in failure.step_failure_data.user_failure_data.description
+    assert started == [], "Spark work started after the fence"
+    assert _events(result, "STEP_UP_FOR_RETRY") == []
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING]
+
+
+def test_reset_run_key_is_computed_again_in_the_one_deployment_that_runs_it() -> None:
+    ran: list[tuple[str, int]] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        ran.append((run.deployment, int(run.token)))
+        return 1
+
+    assert _materialize(daily, neli(deployment="east")).success
+    assert _materialize(daily, neli(deployment="west")).success  # skips: done in east
+    with pytest.raises(ConfigError, match="reason"):
+        neli(deployment="west").reset("daily", DAY, reason=" ")
+    record = neli(deployment="west").reset("daily", DAY, reason="late data, ticket DATA-1")
+    assert record.state is RunState.RESET and record.reason == "late data, ticket DATA-1"
+
+    again = _materialize(daily, neli(deployment="west"))
+    assert again.success
+    [(first, first_token), (second, second_token)] = ran
+    assert (first, second) == ("east", "west")
+    assert second_token > record.token > first_token
+    [materialization] = [
+        e.step_materialization_data.materialization
+        for e in _events(again, "ASSET_MATERIALIZATION")
+        if e.step_key == "daily"
+    ]
+    assert materialization.metadata["neli_outcome"].value == "RUN"
+    assert _materialize(daily, neli(deployment="east")).success  # done again: skips
+    assert len(ran) == 2
+    assert WORLD.ledger.history("daily", DAY) == [
+        RunState.RUNNING, RunState.COMPLETED, RunState.RESET, RunState.RUNNING, RunState.COMPLETED,
+    ]

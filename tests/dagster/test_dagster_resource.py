@@ -7,8 +7,10 @@ cannot derive, validating configuration — and the shape of the generated defin
 from typing import Any
 
 import dagster as dg
+import pydantic
 import pytest
 
+from neli_orchestrate.core import NeliConfig
 from neli_orchestrate.dagster import (
     GATE_OUTPUT,
     NeliResource,
@@ -26,7 +28,8 @@ DAYS = dg.DailyPartitionsDefinition(start_date="2013-01-01", end_date="2014-01-0
 
 
 def _resource(**overrides: Any) -> NeliResource:
-    fields: dict[str, Any] = {"bootstrap_servers": "127.0.0.1:1", "deployment": "east"}
+    fields: dict[str, Any] = {"bootstrap_servers": "127.0.0.1:1", "deployment": "east",
+                              "namespace": "acme"}
     fields.update(overrides)
     return NeliResource(**fields)
 
@@ -132,23 +135,43 @@ def test_run_over_a_partition_range_needs_one_run_key_per_run() -> None:
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
+        ({"deployment": ""}, "deployment"),
         ({"deployment": " "}, "deployment"),
         ({"namespace": ""}, "namespace"),
+        ({"namespace": "has space"}, "namespace"),
+        ({"wait_interval": -1.0}, "wait_interval"),
         ({"wait_interval": 0.0}, "wait_interval"),
         ({"wait_timeout": -1.0}, "wait_timeout"),
+        ({"wait_retries": -1}, "wait_retries"),
         ({"handoff_timeout": -5.0}, "handoff_timeout"),
+        ({"acquire_timeout": 0.0}, "acquire_timeout"),
+        ({"max_attempts": 0}, "max_attempts"),
         ({"profile": "turbo"}, "profile"),
+        ({"group_protocol": "eager"}, "group_protocol"),
         ({"kafka_config": {"group.id": "mine"}}, "group.id"),
+        # Cross-field guard rails of the core: the heartbeat must fit in the session.
+        ({"session_timeout": 3.0, "heartbeat_timeout": 3.0}, "heartbeat_timeout"),
     ],
 )
-def test_invalid_configuration_is_refused_naming_the_field(
+def test_invalid_configuration_is_refused_when_the_resource_is_defined(
     overrides: dict[str, Any], field: str
 ) -> None:
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        _resource(**overrides).singleton_config()
+    # Constructing the resource (in Definitions, at import) is the error, as for other
+    # Dagster resources; no step has to run first.
+    with pytest.raises(pydantic.ValidationError, match=field.replace(".", r"\.")):
+        _resource(**overrides)
 
 
-def test_invalid_configuration_fails_at_resource_setup_before_any_step_runs() -> None:
+def test_unknown_profile_error_lists_the_profiles() -> None:
+    with pytest.raises(pydantic.ValidationError, match=r"'default', 'fast'"):
+        _resource(profile="turbo")
+
+
+def test_empty_deployment_from_the_environment_fails_resource_setup_before_any_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An EnvVar is resolved at run time: its value is validated then, before any step runs.
+    monkeypatch.setenv("TEST_NELI_DEPLOYMENT", " ")
     ran: list[str] = []
 
     @dg.op
@@ -159,10 +182,18 @@ def test_invalid_configuration_fails_at_resource_setup_before_any_step_runs() ->
     def nightly() -> None:
         export()
 
-    result = nightly.execute_in_process(
-        resources={"neli": _resource(wait_interval=0.0)}, raise_on_error=False
-    )
+    resource = _resource(deployment=dg.EnvVar("TEST_NELI_DEPLOYMENT"))
+    result = nightly.execute_in_process(resources={"neli": resource}, raise_on_error=False)
     assert not result.success and ran == []
+
+
+def test_group_protocol_reaches_the_roles_consumer_groups() -> None:
+    assert _resource(group_protocol="classic").singleton_config().neli.group_protocol == "classic"
+    consumer = _resource(group_protocol="consumer").singleton_config()
+    assert consumer.role_neli("daily").resolved.group_protocol == "consumer"
+    # Unset: the package's default, not a value of the resource's own.
+    default = _resource().singleton_config().neli
+    assert default.group_protocol == NeliConfig(bootstrap_servers="x:1").group_protocol
 
 
 def test_configuration_reaches_the_singleton_with_secrets_from_the_environment(
@@ -195,9 +226,9 @@ def test_configuration_reaches_the_singleton_with_secrets_from_the_environment(
     assert nightly.execute_in_process(resources={"neli": resource}).success
     config = captured["config"]
     assert config.deployment == "eu-1"
-    assert config.ledger_topic == "acme.analytics.ledger"
+    assert config.ledger_config().topic == "acme.analytics.ledger"
     assert (config.handoff_timeout, config.acquire_timeout, config.max_attempts) == (120.0, 20.0, 3)
-    assert config.neli.group_id == "acme.analytics"
+    assert config.role_neli("export").resolved.group_id == "acme.analytics.export"
     assert config.neli.resolved.session_timeout == 6.0
     assert config.neli.kafka_config["sasl.password"] == "s3cret"
     assert "s3cret" not in repr(config.neli)

@@ -144,7 +144,64 @@ def test_gate_op_lets_only_the_claiming_deployment_run_the_singleton_op(
                 assert gate_output["role"] == "gated_daily"
                 assert gate_output["run_key"] == partition
                 assert gate_output["token"] < token
+                assert gate_output["neli_outcome"] == "RUN"
+                assert isinstance(gate_output["claimed_at"], float)
                 assert run["outputs"]["gated_work.result"]["token"] == token
             else:
                 assert run["step_success"] == ["gated_daily_gate"]
                 assert sorted(run["step_skipped"]) == ["gated_report", "gated_work"]
+
+
+def test_failed_step_is_retried_by_dagster_in_the_same_deployment_while_the_other_waits(
+    kafka_broker: str, tmp_path: Path
+) -> None:
+    # flaky_daily fails its first execution anywhere; Dagster's RetryPolicy retries the step.
+    # Both deployments contend at the same instant, so either may fail first. The failing
+    # deployment retries first (a new claim, larger token); the other waits meanwhile, visibly
+    # in its event log, and skips once the run is COMPLETED.
+    partition = "2013-02-01"
+    namespace, results = _run_both(
+        tmp_path,
+        kafka_broker,
+        "flaky_job",
+        {"east": "multiprocess", "west": "in_process"},
+        [partition],
+    )
+    executions = [e for e in work_log(tmp_path) if e[0] == "flaky_daily"]
+    assert len(executions) == 2, f"one failed execution and one retry: {executions}"
+    (_, _, failed_in, failed_token), (_, _, retried_in, retried_token) = executions
+    assert retried_in == failed_in, "the failing deployment retries first"
+    assert retried_token > failed_token
+    other = "west" if failed_in == "east" else "east"
+
+    records = [
+        r
+        for r in ledger_history(kafka_broker, f"{namespace}.ledger")
+        if r.role == "flaky_daily" and r.run_key == partition
+    ]
+    assert [(r.state.value, r.deployment, r.token) for r in records] == [
+        ("RUNNING", failed_in, failed_token),
+        ("FAILED", failed_in, failed_token),
+        ("RUNNING", failed_in, retried_token),
+        ("COMPLETED", failed_in, retried_token),
+    ]
+    assert "fails its first execution" in records[1].reason
+
+    ran = results[failed_in]["runs"][partition]
+    assert ran["success"], ran
+    assert ran["step_retries"] == ["flaky_daily"]
+    materialized = {m["asset"]: m["metadata"] for m in ran["materialized"]}
+    assert set(materialized) == {"flaky_daily", "flaky_daily_report"}
+    assert materialized["flaky_daily"]["token"] == retried_token
+    assert materialized["flaky_daily"]["neli_outcome"] == "RETRY"
+
+    waited = results[other]["runs"][partition]
+    assert waited["success"], waited
+    assert waited["materialized"] == [] and waited["step_retries"] == []
+    assert waited["step_skipped"] == ["flaky_daily_report"]
+    [observation] = waited["observations"]
+    assert observation["metadata"]["done_by_deployment"] == failed_in
+    assert observation["metadata"]["done_token"] == retried_token
+    # The wait is in the waiting deployment's event log, not a silent sleep.
+    waits = [m for _, step, m in waited["logs"] if step == "flaky_daily" and "waiting for" in m]
+    assert waits, waited["logs"]

@@ -17,6 +17,7 @@ from neli_orchestrate.decision import (
     claim_record,
     decide,
     is_terminal,
+    reset_record,
 )
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger import LedgerRecord, Replay, ReplayBuilder, RunState
@@ -187,6 +188,61 @@ def test_check_claim_superseded_names_the_new_token_and_deployment() -> None:
     check = check_claim(10, rec(RunState.CLAIMED, EU, token=14), US)
     assert check.status is ClaimStatus.SUPERSEDED and not check.ok
     assert "14" in check.reason and "eu-west-1" in check.reason
+
+
+@pytest.mark.parametrize("state", [RunState.CLAIMED, RunState.RUNNING, RunState.FAILED])
+def test_check_claim_own_later_records_are_not_someone_elses(state: RunState) -> None:
+    """Issue 9 item 1: a retry holding the gate's token meets its own deployment's re-claim."""
+    check = check_claim(10, rec(state, US, token=14, attempt=2), US)
+    assert check.status is ClaimStatus.OWN_LATER and check.decide_again and not check.ok
+    assert "own" in check.reason and "14" in check.reason
+
+
+@pytest.mark.parametrize("status", list(ClaimStatus))
+def test_check_claim_only_missing_foreign_completed_and_ours_do_not_decide_again(
+    status: ClaimStatus,
+) -> None:
+    # the executor's three answers: run under the token, stop (skip or refuse), decide again
+    stop = {ClaimStatus.OURS, ClaimStatus.COMPLETED, ClaimStatus.MISSING, ClaimStatus.FOREIGN}
+    from neli_orchestrate.decision import ClaimCheck
+
+    assert ClaimCheck(status, "", None).decide_again is (status not in stop)
+
+
+def test_an_executor_deciding_again_on_its_own_later_records_runs_or_retries() -> None:
+    """What Singleton.execute does with OWN_LATER: the table, as any leader would apply it."""
+    for state, outcome in [(RunState.FAILED, Outcome.RETRY), (RunState.RUNNING, Outcome.TAKE_OVER),
+                           (RunState.CLAIMED, Outcome.TAKE_OVER)]:
+        decision = decide(rec(state, US, token=14, attempt=2), US, now=NOW, policy=POLICY)
+        assert decision.outcome is outcome and decision.claims
+
+
+def test_reset_reads_as_no_record_and_its_token_is_a_fresh_offset() -> None:
+    done = rec(RunState.COMPLETED, EU, token=10, attempt=2)
+    replay = fenced_replay(20, done)
+    reset = reset_record(done, replay, run_key=done.run_key, me=US, now=NOW, reason="alice")
+    assert (reset.state, reset.token, reset.attempt, reset.reason) == (RunState.RESET, 20, 1,
+                                                                       "alice")
+    decision = decide(reset, EU, now=NOW, policy=POLICY)
+    assert (decision.outcome, decision.attempt, decision.claims) == (Outcome.RUN, 1, True)
+    assert "alice" in decision.reason and not is_terminal(reset, POLICY)
+    claim = claim_record(decision, fenced_replay(21, done, reset), run_key=done.run_key, me=EU,
+                         now=NOW, policy=POLICY)
+    assert claim.token > reset.token, "tokens keep growing across a reset"
+    assert check_claim(10, reset, US).decide_again, "an old try decides again after a reset"
+    assert check_claim(20, reset, US).status is ClaimStatus.FOREIGN
+    # the wire form round-trips
+    assert LedgerRecord.decode(reset.encode(), key=reset.key) == reset
+
+
+@pytest.mark.parametrize("state", [RunState.CLAIMED, RunState.RUNNING])
+def test_reset_refuses_a_run_in_progress(state: RunState) -> None:
+    with pytest.raises(ValueError, match="in progress"):
+        reset_record(rec(state, EU), fenced_replay(), run_key="2013-01-05", me=US, now=NOW,
+                     reason="alice")
+    with pytest.raises(ConfigError, match="reason"):
+        reset_record(rec(RunState.FAILED, EU), fenced_replay(), run_key="2013-01-05", me=US,
+                     now=NOW, reason="")
 
 
 def test_check_claim_completed_elsewhere_or_by_us() -> None:

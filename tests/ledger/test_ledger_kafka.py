@@ -19,7 +19,11 @@ from confluent_kafka import (
 from confluent_kafka.admin import ConfigResource, OffsetSpec, ResourceType
 
 from neli_orchestrate.decision import Claimant, DecisionPolicy, Outcome, claim_record, decide
-from neli_orchestrate.errors import ConfigError, FencedError, KafkaUnavailableError
+from neli_orchestrate.errors import (
+    FencedError,
+    KafkaUnavailableError,
+    TopicMismatchError,
+)
 from neli_orchestrate.ledger import (
     KafkaLedger,
     KafkaLedgerConfig,
@@ -105,7 +109,7 @@ def test_an_existing_topic_with_another_partition_count_is_refused(
 ) -> None:
     existing = new_topic(partitions=2, config={"cleanup.policy": "compact"})
     ledger = open_ledger(ledgers, kafka_broker, existing, partitions=1)
-    with pytest.raises(ConfigError, match="2 partitions"):
+    with pytest.raises(TopicMismatchError, match="2 partitions"):
         ledger.replay("daily_flights")
 
 
@@ -114,7 +118,7 @@ def test_an_existing_topic_that_deletes_by_retention_is_refused(
 ) -> None:
     existing = new_topic(partitions=1, config={"cleanup.policy": "delete"})
     ledger = open_ledger(ledgers, kafka_broker, existing)
-    with pytest.raises(ConfigError, match="cleanup.policy=delete"):
+    with pytest.raises(TopicMismatchError, match="cleanup.policy=delete"):
         ledger.begin("daily_flights")
 
 
@@ -122,7 +126,7 @@ def test_a_missing_topic_without_permission_to_create_is_a_clear_error(
     kafka_broker: str, ledgers: list[KafkaLedger], topic: str
 ) -> None:
     ledger = open_ledger(ledgers, kafka_broker, topic, create_topic=False)
-    with pytest.raises(KafkaUnavailableError, match="does not exist"):
+    with pytest.raises(TopicMismatchError, match="does not exist"):
         ledger.replay("daily_flights")
 
 

@@ -89,11 +89,12 @@ def ledger_records(bootstrap: str, topic: str) -> list[LedgerRecord]:
     raise AssertionError("ledger audit did not reach the end of the topic")
 
 
-@pytest.fixture
-def env(kafka_broker: str, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+@pytest.fixture(params=["classic", "consumer"])
+def env(request: pytest.FixtureRequest, kafka_broker: str, tmp_path: Path) -> dict:  # type: ignore[type-arg]
+    """One namespace per test, under each group protocol: both are default paths ("auto")."""
     ns = f"t{uuid.uuid4().hex[:8]}"
     return {"bootstrap": kafka_broker, "namespace": ns, "ledger_topic": f"{ns}.ledger",
-            "tmp": tmp_path}
+            "tmp": tmp_path, "timings": {"group_protocol": request.param}}
 
 
 def args_for(env: dict, deployment: str, **extra: object) -> dict:  # type: ignore[type-arg]
@@ -208,10 +209,11 @@ def test_a_writer_fenced_by_a_newer_leader_cannot_write_from_another_process(env
 def test_role_members_counts_contenders_without_joining(env) -> None:
     from neli_orchestrate import Neli, NeliConfig, Singleton, SingletonConfig
 
-    neli = NeliConfig(bootstrap_servers=env["bootstrap"], group_id=env["namespace"],
+    neli = NeliConfig(bootstrap_servers=env["bootstrap"],
                       profile="fast", session_timeout=6.0, heartbeat_timeout=2.0,
-                      group_protocol="consumer")
-    singleton = Singleton(SingletonConfig(neli=neli, deployment="us-east-1"))
+                      **env["timings"])
+    singleton = Singleton(SingletonConfig(neli=neli, namespace=env["namespace"],
+                                          deployment="us-east-1"))
     assert singleton.role_members("observed") == 0
     member = Neli(singleton.config.role_neli("observed"))
     try:

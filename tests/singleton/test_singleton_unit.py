@@ -88,10 +88,19 @@ def make(deployment: str, coordinator: Coordinator, ledger: MemoryLedger,
     settings: dict[str, object] = {"handoff_timeout": 60.0, "acquire_timeout": 0.5}
     settings.update(overrides)
     config = SingletonConfig(
-        neli=NeliConfig(bootstrap_servers="unused:9092", group_id="acme"),
+        neli=NeliConfig(bootstrap_servers="unused:9092"), namespace="acme",
         deployment=deployment, **settings,  # type: ignore[arg-type]
     )
     return Singleton(config, ledger=ledger, neli_factory=coordinator, wall_clock=wall_clock)
+
+
+def fence_now(member: Member) -> None:
+    """Fence ``member`` and wait until its watchdog has seen it (a slow write meanwhile)."""
+    member.fence()
+    deadline = time.monotonic() + 10
+    while member.is_leader:
+        assert time.monotonic() < deadline, "the watchdog never pulsed the fence in"
+        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -214,16 +223,164 @@ def test_reserve_then_execute_in_another_process_completes(world) -> None:
     assert seen == [reservation.token]
 
 
-def test_execute_with_a_superseded_token_fails_naming_the_new_owner(world) -> None:
+def test_execute_while_another_deployment_holds_a_live_claim_fails_the_try_cleanly(world):
     coordinator, ledger = world
     old = make("us-east-1", coordinator, ledger).reserve(ROLE, "d1")
     # the claim is not started within its handoff window; another deployment takes over
     later = lambda: time.time() + 3600  # noqa: E731
     newer = make("eu-west-1", coordinator, ledger, wall_clock=later).reserve(ROLE, "d1")
     assert newer.outcome is Outcome.TAKE_OVER and newer.token > old.token
-    with pytest.raises(FencedError, match="eu-west-1") as info:
+    # its claim is live (its deadline is an hour ahead of our clock): this try does not run
+    with pytest.raises(AcquireTimeoutError, match="eu-west-1.*later try"):
         make("us-east-1", coordinator, ledger).execute(ROLE, "d1", old.token, lambda run: None)
-    assert info.value.token == old.token
+    assert ledger.history(ROLE, "d1") == [RunState.CLAIMED, RunState.CLAIMED]
+    # once that claim lapsed unstarted, the same try (same gate token) takes it over
+    ran = []
+    much_later = lambda: time.time() + 7300  # noqa: E731
+    make("us-east-1", coordinator, ledger, wall_clock=much_later).execute(
+        ROLE, "d1", old.token, lambda run: ran.append(run.token))
+    assert len(ran) == 1 and ran[0] > newer.token
+    assert ledger.latest(ROLE, "d1").state is RunState.COMPLETED
+
+
+def test_every_retry_with_the_gates_token_decides_again_until_completed(world) -> None:
+    """Issue 9 item 1: Airflow retries pass the gate's original token to every try."""
+    coordinator, ledger = world
+    token = make("us-east-1", coordinator, ledger).reserve(ROLE, "d1").token
+    tokens: list[int] = []
+
+    def failing(run) -> None:  # type: ignore[no-untyped-def]
+        tokens.append(run.token)
+        raise RuntimeError("spark job failed")
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            make("us-east-1", coordinator, ledger).execute(ROLE, "d1", token, failing)
+    make("us-east-1", coordinator, ledger).execute(ROLE, "d1", token,
+                                                   lambda run: tokens.append(run.token))
+    assert tokens[0] == token and tokens == sorted(set(tokens)), "each try a larger token"
+    assert ledger.history(ROLE, "d1") == [
+        RunState.CLAIMED, RunState.RUNNING, RunState.FAILED, RunState.RUNNING, RunState.FAILED,
+        RunState.RUNNING, RunState.COMPLETED]
+    with pytest.raises(SkippedRun):
+        make("us-east-1", coordinator, ledger).execute(ROLE, "d1", token, failing)
+
+
+def test_a_retry_at_max_attempts_fails_for_good_and_names_the_reset(world) -> None:
+    coordinator, ledger = world
+    token = make("us-east-1", coordinator, ledger, max_attempts=2).reserve(ROLE, "d1").token
+
+    def failing(run) -> None:  # type: ignore[no-untyped-def]
+        raise RuntimeError("spark job failed")
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            make("us-east-1", coordinator, ledger, max_attempts=2).execute(ROLE, "d1", token,
+                                                                         failing)
+    with pytest.raises(FencedError, match="GIVE_UP.*reset"):
+        make("us-east-1", coordinator, ledger, max_attempts=2).execute(ROLE, "d1", token,
+                                                                     failing)
+
+
+def test_a_fence_during_the_running_write_stops_the_work_from_starting(world) -> None:
+    """Issue 9 item 3: a fence between the claim check and the work is not dropped."""
+    coordinator, ledger = world
+    token = make("us-east-1", coordinator, ledger).reserve(ROLE, "d1").token
+    executor = make("us-east-1", coordinator, ledger)
+    real_write = ledger.begin
+
+    def begin_that_fences_on_running(role):  # type: ignore[no-untyped-def]
+        writer = real_write(role)
+        write = writer.write
+
+        def slow_write(record):  # type: ignore[no-untyped-def]
+            write(record)
+            if record.state is RunState.RUNNING:
+                fence_now(coordinator.created[-1])  # lands while RUNNING is being written
+        writer.write = slow_write
+        return writer
+
+    ledger.begin = begin_that_fences_on_running
+    started, fences = [], []
+    with pytest.raises(FencedError, match="fenced"):
+        executor.execute(ROLE, "d1", token, lambda run: started.append(run.token),
+                         on_fence=fences.append)
+    ledger.begin = real_write
+    assert started == [], "no work starts under a fenced run"
+    assert fences, "the fence callback ran"
+    assert ledger.history(ROLE, "d1") == [RunState.CLAIMED, RunState.RUNNING]
+    # the fence failed the try, not the run: the next try (same gate token) finishes it
+    make("us-east-1", coordinator, ledger).execute(ROLE, "d1", token,
+                                                   lambda run: started.append(run.token))
+    assert len(started) == 1 and started[0] > token
+    assert ledger.latest(ROLE, "d1").state is RunState.COMPLETED
+
+
+def test_claim_refuses_to_start_work_after_a_fence_during_the_claim(world) -> None:
+    coordinator, ledger = world
+    singleton = make("us-east-1", coordinator, ledger)
+    real_write = ledger.begin
+
+    def begin(role):  # type: ignore[no-untyped-def]
+        writer = real_write(role)
+        write = writer.write
+
+        def fencing_write(record):  # type: ignore[no-untyped-def]
+            write(record)
+            fence_now(coordinator.created[-1])
+        writer.write = fencing_write
+        return writer
+
+    ledger.begin = begin
+    entered = []
+    with pytest.raises(FencedError):
+        with singleton.claim(ROLE, "d1") as run:
+            entered.append(run)
+    assert entered == []
+
+
+def test_a_fenced_member_is_closed_at_once_while_the_work_still_runs(world) -> None:
+    """Issue 9 item 4: the successor need not wait for uncancellable work to end."""
+    coordinator, ledger = world
+    singleton = make("us-east-1", coordinator, ledger)
+    release = threading.Event()
+    with pytest.raises(FencedError):
+        with singleton.claim(ROLE, "d1") as run:
+            member = coordinator.created[-1]
+            member.fence()
+            deadline = time.monotonic() + 10
+            while not member.closed:  # closed by the watchdog, the work still running
+                assert time.monotonic() < deadline, "the fenced member was left open"
+                release.wait(0.01)
+            successor = make("eu-west-1", coordinator, ledger)
+            assert successor.leads(ROLE, 5), "the successor leads while the work runs on"
+            run.check()
+
+
+def test_reset_lets_a_completed_run_key_run_again_with_a_larger_token(world) -> None:
+    coordinator, ledger = world
+    first = make("us-east-1", coordinator, ledger).run(ROLE, "d1", lambda run: run.token)
+    with pytest.raises(ValueError, match="reason"):
+        make("us-east-1", coordinator, ledger).reset(ROLE, "d1", " ")
+    record = make("us-east-1", coordinator, ledger).reset(ROLE, "d1", "alice: bad input data")
+    assert record.state is RunState.RESET and record.token > first
+    assert record.reason == "alice: bad input data" and record.deployment == "us-east-1"
+    with make("eu-west-1", coordinator, ledger).claim(ROLE, "d1") as run:
+        assert run.outcome is Outcome.RUN and run.token > record.token
+        assert run.record == record
+    assert ledger.history(ROLE, "d1") == [RunState.RUNNING, RunState.COMPLETED, RunState.RESET,
+                                          RunState.RUNNING, RunState.COMPLETED]
+    assert ledger.latest(ROLE, "d1").attempt == 1
+
+
+def test_reset_refuses_a_run_in_progress_or_never_run(world) -> None:
+    coordinator, ledger = world
+    make("us-east-1", coordinator, ledger).reserve(ROLE, "d1")
+    with pytest.raises(ValueError, match="in progress"):
+        make("us-east-1", coordinator, ledger).reset(ROLE, "d1", "bob")
+    with pytest.raises(ValueError, match="nothing to reset"):
+        make("us-east-1", coordinator, ledger).reset(ROLE, "d2", "bob")
+    assert ledger.history(ROLE, "d1") == [RunState.CLAIMED]
 
 
 def test_execute_after_a_crashed_execution_takes_a_new_larger_token(world) -> None:
@@ -250,7 +407,7 @@ def test_execute_without_leadership_raises_acquire_timeout(world) -> None:
 
 
 def test_role_groups_are_namespaced_and_share_the_leader_topic() -> None:
-    config = SingletonConfig(neli=NeliConfig(bootstrap_servers="k:9092", group_id="acme"),
+    config = SingletonConfig(neli=NeliConfig(bootstrap_servers="k:9092"), namespace="acme",
                              deployment="us-east-1")
     a, b = config.role_neli("billing"), config.role_neli("daily_flights")
     assert (a.resolved.group_id, b.resolved.group_id) == ("acme.billing", "acme.daily_flights")

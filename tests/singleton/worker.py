@@ -3,6 +3,7 @@
     python worker.py many   '<json>'   # claim many (role, run key) pairs, record executions
     python worker.py hold   '<json>'   # claim one run, hold the work until a "go" file appears
     python worker.py zombie '<json>'   # raw ledger writer: RUNNING, then COMPLETED on "go"
+    python worker.py execute '<json>'  # Singleton.execute(token): cancellable work until "go"
 
 Each mode appends what happened to files named in the JSON, one line per fact, so the test
 can assert on executions, tokens and errors after the fact (even after kill -9).
@@ -24,19 +25,18 @@ from neli_orchestrate.errors import StaleTokenError
 from neli_orchestrate.ledger import KafkaLedger, RunState
 
 # Fast profile with wider margins than its defaults: the tests run on 2 busy cores, and a
-# spurious fence would be a (safe) fault in tests that assert fault-free behaviour. KIP-848
-# groups, because a classic-protocol rebalance stalls for up to the session timeout when a
-# contender joins and leaves quickly, and the leader cannot prove membership meanwhile
-# (docs/design.md, "Group protocol").
-TIMINGS = {"profile": "fast", "session_timeout": 6.0, "heartbeat_timeout": 2.0,
-           "group_protocol": "consumer"}
+# spurious fence would be a (safe) fault in tests that assert fault-free behaviour. The group
+# protocol is the default ("auto": KIP-848 on the test broker) unless a test sets
+# timings={"group_protocol": ...}; test_singleton_kafka.py runs under classic and consumer.
+TIMINGS = {"profile": "fast", "session_timeout": 6.0, "heartbeat_timeout": 2.0}
 
 
 def config(args: dict) -> SingletonConfig:  # type: ignore[type-arg]
     timings = {**TIMINGS, **args.get("timings", {})}
-    neli = NeliConfig(bootstrap_servers=args["bootstrap"], group_id=args["namespace"], **timings)
-    return SingletonConfig(neli=neli, deployment=args["deployment"],
-                           ledger_topic=args["ledger_topic"], acquire_timeout=30.0,
+    neli = NeliConfig(bootstrap_servers=args["bootstrap"], **timings)
+    return SingletonConfig(neli=neli, namespace=args["namespace"], deployment=args["deployment"],
+                           ledger_topic=args["ledger_topic"],
+                           acquire_timeout=args.get("acquire_timeout", 30.0),
                            handoff_timeout=30.0)
 
 
@@ -81,6 +81,7 @@ def many(args: dict) -> int:  # type: ignore[type-arg]
                                              f" {run.outcome}")
                     if run.outcome is Outcome.WAIT:
                         pending.append(run_key)
+                        time.sleep(0.05)  # busy role: ask again shortly, as a gate would
             except FencedError as exc:
                 # Safe, but a fault: the test decides whether it may happen. Try again later,
                 # as an orchestrator's retry would.
@@ -101,32 +102,43 @@ def many(args: dict) -> int:  # type: ignore[type-arg]
 
 
 def hold(args: dict) -> int:  # type: ignore[type-arg]
-    """Claim one run; in the work, report the token, wait for "go", publish through the guard."""
+    """Claim one run; in the work, report the token, wait for "go", publish through the guard.
+
+    While the role is busy (a paused or killed holder stays in its group until its session
+    times out) a claim answers WAIT without joining: ask again, as a gate does.
+    """
     from neli_orchestrate.spark import TokenCommitGuard
 
     status, go = args["status"], Path(args["go"])
     singleton = Singleton(config(args))
     guard = TokenCommitGuard(args["output"])
+    deadline = time.monotonic() + args.get("wait", 60)
     try:
-        with singleton.claim(args["role"], args["run_key"]) as run:
-            append(status, f"outcome {run.outcome} {run.token}")
-            if not run.should_run:
-                return 0
-            run.on_fence(lambda reason: append(status, "fence-callback"))
-            append(status, f"started {run.token} {time.monotonic()}")
-            if not wait_for(go, time.monotonic() + 120):
-                append(status, "no-go")
-                return 2
-            # Deliberately no run.check() here: the sink must refuse a stale token by itself.
-            try:
-                with guard.stage(args["run_key"], token=run.token, role=args["role"]) as staged:
-                    (staged.path / "part-0.txt").write_text(f"{args['deployment']} {run.token}\n")
-                append(status, f"committed {run.token}")
-            except StaleTokenError as exc:
-                append(status, f"stale {exc.token} {exc.committed}")
-                raise
-        append(status, "completed")
-        return 0
+        while True:
+            with singleton.claim(args["role"], args["run_key"]) as run:
+                if run.outcome is Outcome.WAIT and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                append(status, f"outcome {run.outcome} {run.token}")
+                if not run.should_run:
+                    return 0
+                run.on_fence(lambda reason: append(status, "fence-callback"))
+                append(status, f"started {run.token} {time.monotonic()}")
+                if not wait_for(go, time.monotonic() + 120):
+                    append(status, "no-go")
+                    return 2
+                # Deliberately no run.check() here: the sink must refuse a stale token itself.
+                try:
+                    with guard.stage(args["run_key"], token=run.token,
+                                     role=args["role"]) as staged:
+                        (staged.path / "part-0.txt").write_text(
+                            f"{args['deployment']} {run.token}\n")
+                    append(status, f"committed {run.token}")
+                except StaleTokenError as exc:
+                    append(status, f"stale {exc.token} {exc.committed}")
+                    raise
+            append(status, "completed")
+            return 0
     except FencedError as exc:
         append(status, f"fenced {exc}")
         return 3
@@ -159,8 +171,31 @@ def zombie(args: dict) -> int:  # type: ignore[type-arg]
     return 0
 
 
+def execute(args: dict) -> int:  # type: ignore[type-arg]
+    """One executor try with the gate's token; the work checks for a fence while it waits."""
+    status, go = args["status"], Path(args["go"])
+    singleton = Singleton(config(args))
+
+    def work(run) -> None:  # type: ignore[no-untyped-def]
+        append(status, f"started {run.token}")
+        deadline = time.monotonic() + 120
+        while not go.exists():
+            run.check()  # cancellable work: stops at the fence
+            if time.monotonic() > deadline:
+                raise TimeoutError("no go")
+            time.sleep(0.02)
+
+    try:
+        singleton.execute(args["role"], args["run_key"], args["token"], work)
+    except FencedError as exc:
+        append(status, f"fenced {exc}")
+        return 3
+    append(status, "completed")
+    return 0
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(threadName)s %(name)s: %(message)s")
     mode, payload = sys.argv[1], json.loads(sys.argv[2])
-    sys.exit({"many": many, "hold": hold, "zombie": zombie}[mode](payload))
+    sys.exit({"many": many, "hold": hold, "zombie": zombie, "execute": execute}[mode](payload))

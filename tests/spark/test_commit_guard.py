@@ -158,6 +158,56 @@ def test_paused_leader_cannot_publish_after_a_newer_token_committed(tmp_path: Pa
     assert leftovers(guard) == []
 
 
+def test_a_newer_token_staging_refuses_an_older_writer_before_it_publishes(
+    tmp_path: Path,
+) -> None:
+    """Issue 9 item 6, order 1: t2 stages (starts), then the paused t1 wakes and publishes."""
+    guard = TokenCommitGuard(tmp_path)
+    old = guard.stage(RUN_KEY, 5, role="daily_flights")
+    (old.path / "part-0.txt").write_text("stale rows")
+    new = guard.stage(RUN_KEY, 9, role="daily_flights")  # a newer claim starts its job
+    assert guard.highest_token(RUN_KEY) == 9
+
+    with pytest.raises(StaleTokenError) as caught:
+        old.commit()  # refused although token 9 has published nothing yet
+    assert (caught.value.token, caught.value.committed) == (5, 9)
+    assert guard.committed(RUN_KEY) is None, "the stale output never becomes visible"
+    with pytest.raises(StaleTokenError):
+        guard.stage(RUN_KEY, 5, role="daily_flights")  # nor may it start again
+
+    (new.path / "part-0.txt").write_text("new leader")
+    new.commit()
+    assert published_files(guard) == {"part-0.txt": "new leader"}
+    assert leftovers(guard) == []
+
+
+def test_an_older_token_that_published_first_is_replaced_by_the_newer_one(
+    tmp_path: Path,
+) -> None:
+    """Issue 9 item 6, order 2: t1 publishes, then t2 stages and publishes."""
+    guard = TokenCommitGuard(tmp_path)
+    publish(guard, 5, "old leader")
+    new = guard.stage(RUN_KEY, 9, role="daily_flights")
+    assert published_files(guard) == {"part-0.txt": "old leader"}  # until t2 publishes
+    (new.path / "part-0.txt").write_text("new leader")
+    new.commit()
+    assert published_files(guard) == {"part-0.txt": "new leader"}
+    assert guard.committed(RUN_KEY).token == 9
+
+
+def test_a_newer_token_that_gives_up_still_keeps_the_older_one_out(tmp_path: Path) -> None:
+    guard = TokenCommitGuard(tmp_path)
+    old = guard.stage(RUN_KEY, 5, role="daily_flights")
+    with pytest.raises(RuntimeError):
+        with guard.stage(RUN_KEY, 9, role="daily_flights"):
+            raise RuntimeError("the newer job failed")
+    with pytest.raises(StaleTokenError):
+        old.commit()
+    assert guard.committed(RUN_KEY) is None
+    publish(guard, 9, "retried under token 9")  # the newer claim's retry may still publish
+    assert published_files(guard) == {"part-0.txt": "retried under token 9"}
+
+
 def test_failed_job_publishes_nothing(tmp_path: Path) -> None:
     guard = TokenCommitGuard(tmp_path)
     publish(guard, 4, "good output")
@@ -222,7 +272,13 @@ WORKER = textwrap.dedent(
 
     root, run_key, token = sys.argv[1], sys.argv[2], int(sys.argv[3])
     guard = TokenCommitGuard(root, lock_timeout=60)
-    staged = guard.stage(run_key, token, role="daily_flights")
+    try:
+        staged = guard.stage(run_key, token, role="daily_flights")
+    except StaleTokenError as exc:  # a higher token registered first: refused before writing
+        print("READY", flush=True)
+        sys.stdin.readline()
+        print(json.dumps({"token": token, "result": "stale", "committed": exc.committed}))
+        sys.exit(0)
     (staged.path / "part-0.txt").write_text(f"token {token}")
     print("READY", flush=True)
     sys.stdin.readline()  # every publisher is staged: commit all at once

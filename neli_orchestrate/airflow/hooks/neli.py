@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
+from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 NELI_CONN_TYPE = "neli"
 KAFKA_CONN_TYPE = "kafka"
-DEFAULT_NAMESPACE = "neli"
 
 # librdkafka keys whose values are secrets; matched as substrings of the lower-cased key.
 _SECRET_KEY_PARTS = ("password", "secret", "jaas", "key.pem", "oauthbearer.config", "token")
@@ -84,7 +84,7 @@ class NeliConnectionSettings:
     conn_type: str
     bootstrap_servers: str
     deployment: str
-    namespace: str = DEFAULT_NAMESPACE
+    namespace: str
     ledger_topic: str | None = None
     kafka_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
     handoff_timeout: float | None = None
@@ -97,19 +97,19 @@ class NeliConnectionSettings:
     max_attempts: int | None = None
 
     @property
-    def group_id(self) -> str:
-        """The consumer group every deployment of this namespace joins."""
-        return self.namespace
+    def names(self) -> Namespace:
+        """Every Kafka name of this namespace (the one derivation, in the core)."""
+        return derive(self.namespace, ledger_topic=self.ledger_topic)
 
     @property
     def leader_topic(self) -> str:
         """The NELI leader (heartbeat) topic of this namespace."""
-        return f"{self.namespace}.neli"
+        return self.names.leader_topic
 
     @property
     def resolved_ledger_topic(self) -> str:
         """The run ledger topic: the ``ledger_topic`` extra, else ``<namespace>.ledger``."""
-        return self.ledger_topic or f"{self.namespace}.ledger"
+        return self.names.ledger_topic
 
     def client_config(self) -> dict[str, Any]:
         """Full librdkafka client config (``bootstrap.servers`` + extras); contains secrets."""
@@ -162,7 +162,7 @@ def _kafka_config_extra(conn_id: str, value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"connection {conn_id!r}: extra 'kafka_config' is not valid JSON ({exc.msg}); "
                 'give a JSON object such as {"client.rack": "az1"}'
@@ -209,7 +209,8 @@ def settings_from_connection(
     """Read the NELI settings of a ``neli`` or ``kafka`` connection; ConfigError says what to fix.
 
     Arguments win over the connection's extras; deployment id and namespace fall back to the
-    ``[neli] deployment`` / ``[neli] namespace`` Airflow options.
+    ``[neli] deployment`` / ``[neli] namespace`` Airflow options. There is no default
+    namespace: without one the connection is refused.
     """
     conn_id = conn.conn_id or "<unnamed>"
     conn_type = (conn.conn_type or "").lower()
@@ -283,6 +284,15 @@ def settings_from_connection(
         if value is not None:
             timeouts[name] = _as_float(conn_id, name, value)
     connect_timeout = timeouts.pop("connect_timeout") or 10.0
+    resolved_namespace = namespace or neli_extras.get("namespace") or _configured("namespace")
+    if not resolved_namespace:
+        raise ConfigError(
+            f"connection {conn_id!r}: no namespace; set the extra 'namespace' (e.g. \"acme\"), "
+            "the [neli] namespace option (AIRFLOW__NELI__NAMESPACE) or pass namespace= to the "
+            "hook/operator. Every deployment that shares runs must use the same namespace."
+        )
+    names = derive(str(resolved_namespace), ledger_topic=ledger_topic
+                   or neli_extras.get("ledger_topic") or None)
     for key, value in kafka_config.items():
         if is_secret_key(key) and isinstance(value, str):
             _mask(value)
@@ -291,12 +301,7 @@ def settings_from_connection(
         conn_type=conn_type,
         bootstrap_servers=bootstrap,
         deployment=str(resolved_deployment),
-        namespace=str(
-            namespace
-            or neli_extras.get("namespace")
-            or _configured("namespace")
-            or DEFAULT_NAMESPACE
-        ),
+        namespace=names.name,
         ledger_topic=ledger_topic or neli_extras.get("ledger_topic") or None,
         kafka_config=kafka_config,
         connect_timeout=connect_timeout,
@@ -340,7 +345,7 @@ class NeliHook(BaseHook):
 
     :param neli_conn_id: the connection; type ``neli`` or the Kafka provider's ``kafka``.
     :param deployment: this deployment's id; overrides the connection and ``[neli] deployment``.
-    :param namespace: group/topic prefix; overrides the connection (default ``neli``).
+    :param namespace: group/topic prefix; overrides the connection (required somewhere).
     :param ledger_topic: run ledger topic; overrides the connection.
     :param handoff_timeout: seconds another deployment's claim is respected.
     :param acquire_timeout: seconds one attempt waits to lead a role.
@@ -414,17 +419,16 @@ class NeliHook(BaseHook):
         return self.get_singleton()
 
     def neli_config(self) -> NeliConfig:
-        """Build the protocol core's NeliConfig: group ``<namespace>``, topic ``<namespace>.neli``.
+        """Build the protocol core's NeliConfig: connection and timing settings.
 
-        The singleton layer derives each role's group from it (``<namespace>.<role>``).
+        Group and topic stay unset: the singleton layer derives each role's group
+        (``<namespace>.<role>``) and the leader topic from the namespace.
         """
         from neli_orchestrate.core import NeliConfig
 
         s = self.settings
         options: dict[str, Any] = {
             "bootstrap_servers": s.bootstrap_servers,
-            "group_id": s.group_id,
-            "topic": s.leader_topic,
             "kafka_config": dict(s.kafka_config),
         }
         if s.profile is not None:
@@ -445,7 +449,8 @@ class NeliHook(BaseHook):
         options: dict[str, Any] = {
             "neli": self.neli_config(),
             "deployment": s.deployment,
-            "ledger_topic": s.resolved_ledger_topic,
+            "namespace": s.namespace,
+            "ledger_topic": s.ledger_topic,
         }
         if s.handoff_timeout is not None:
             options["handoff_timeout"] = s.handoff_timeout

@@ -1,49 +1,62 @@
-"""Fenced execution: run an operator only under this deployment's verified claim; fail on fence.
+"""Fenced execution: run a task only under this deployment's verified claim; fail on fence.
 
 Usage::
 
     gate = LeaderGateOperator(task_id="gate", role="nycflights_daily")
-    job = FencedSparkSubmitOperator(task_id="job", application="jobs/nycflights_daily.py")
-    gate >> job                      # the claim (token, run key, role) comes from gate's XCom
+    job = SparkSubmitOperator(task_id="job", application="jobs/nycflights_daily.py")
+    gate >> job      # the direct child of a gate runs fenced: no wrapper class needed
 
-    # any other operator, without rewriting it:
+    # the explicit form, same behaviour, for any operator class:
     FencedBash = fenced(BashOperator)
     gate >> FencedBash(task_id="export", bash_command="./export.sh")
-    # or explicitly: class FencedBashOperator(FencedExecutionMixin, BashOperator): ...
 
-What the fenced task does (through :meth:`neli_orchestrate.Singleton.execute`):
+:func:`fence_downstream` makes the one task directly downstream of each
+:class:`LeaderGateOperator` run fenced. The provider's cluster policy
+(:mod:`neli_orchestrate.airflow.policy`) calls it whenever Airflow loads a DAG file (the DAG
+processor, every task process, ``airflow dags test``), and the gate calls it again before it
+claims. A shape that cannot be fenced raises :class:`UnfenceableTaskError`: the DAG fails to
+import with a message that says what to write instead.
+
+What a fenced task does (through :meth:`neli_orchestrate.Singleton.execute`):
 
 1. Re-acquires leadership of the role and re-verifies the gate's claim. Superseded (another
    deployment claimed the run with a larger token) → the task FAILS naming the new owner and
    token; completed elsewhere → the task is SKIPPED.
-2. Records ``RUNNING`` and runs the wrapped operator's ``execute`` while holding leadership.
-3. If leadership is lost mid-run (``LeaderFenced``), the watchdog thread signals the task's
-   main thread (``SIGUSR1`` via ``signal.pthread_kill``); the handler calls ``on_kill()``
-   (for Spark: kill spark-submit and every process under it) and raises
-   ``AirflowFailException``: the task FAILS at once, without retries. SIGTERM alone would not
-   do this in Airflow 3 (the task runner's SIGTERM handler only calls ``on_kill``).
+2. Hands the claim to the work: Spark conf ``spark.neli.*`` (SparkSubmitOperator), environment
+   variables ``NELI_TOKEN``, ``NELI_RUN_KEY``, ``NELI_ROLE``, ``NELI_DEPLOYMENT`` (BashOperator
+   and every subprocess), and the context key ``neli_claim`` (``@task`` functions: declare a
+   ``neli_claim`` parameter). Records ``RUNNING`` and runs the operator's own ``execute``
+   while holding leadership.
+3. If leadership is lost mid-run, the watchdog thread signals the task's main thread
+   (``SIGUSR1`` via ``signal.pthread_kill``); the handler calls the operator's ``on_kill()``,
+   kills every process the work started, and raises ``AirflowFailException``: the task FAILS
+   at once, without retries. SIGTERM alone would not do this in Airflow 3 (the task runner's
+   SIGTERM handler only calls ``on_kill``).
 4. Records ``COMPLETED`` on success, ``FAILED`` with the reason on error. Airflow retries
-   apply; a retry re-claims the run with a new, larger token (the work sees the new one).
+   apply; a retry decides again and may re-claim the run with a new, larger token (the work
+   sees the new one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
 
-from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.operators.gate import (
-    CLAIM_KEYS,
-    LeaderGateOperator,
+from neli_orchestrate.airflow.claims import (
+    CLAIM_CONTEXT_KEY,
+    RunClaim,
     open_singleton,
+    reset_command,
 )
+from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.errors import ConfigError, FencedError, SkippedRun
 
 if TYPE_CHECKING:
@@ -54,41 +67,444 @@ logger = logging.getLogger(__name__)
 #: The signal the watchdog sends to the task's main thread on fence.
 FENCE_SIGNAL = signal.SIGUSR1
 
+#: Class attribute that marks LeaderGateOperator (found without importing it: no circle).
+GATE_MARKER = "neli_gate"
 
-class RunClaim(dict):
-    """The gate's XCom: ``{"token", "run_key", "role", "deployment"}`` (a plain dict)."""
 
-    @property
-    def token(self) -> int:
-        return int(self["token"])
+class UnfenceableTaskError(ValueError):
+    """A task behind a LeaderGateOperator cannot run fenced; the message says what to do.
 
-    @property
-    def run_key(self) -> str:
-        return str(self["run_key"])
+    Raised while Airflow loads the DAG (the cluster policy): the DAG fails to import and the
+    message shows under the UI's import errors.
+    """
 
-    @property
-    def role(self) -> str:
-        return str(self["role"])
 
-    @property
-    def deployment(self) -> str:
-        return str(self["deployment"])
+# -- the fenced run ---------------------------------------------------------------------------
+
+
+def is_gate(task: Any) -> bool:
+    """True for a LeaderGateOperator (or a mapped one)."""
+    cls = getattr(task, "operator_class", None) if _is_mapped(task) else type(task)
+    return bool(getattr(cls, GATE_MARKER, False))
+
+
+def _is_mapped(task: Any) -> bool:
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    return isinstance(task, MappedOperator)
+
+
+def _direct_gates(task: Any) -> list[Any]:
+    return [t for t in task.upstream_list if is_gate(t)]
+
+
+def find_gate(task: Any, gate_task_id: str | None = None) -> Any:
+    """The LeaderGateOperator directly upstream of ``task`` (or the one named); fail if none."""
+    if gate_task_id:
+        gate = task.dag.task_dict.get(gate_task_id) if task.dag else None
+        if gate is None or not is_gate(gate):
+            raise AirflowFailException(
+                f"{task.task_id}: gate_task_id {gate_task_id!r} is not a LeaderGateOperator in "
+                "this DAG"
+            )
+        return gate
+    gates = _direct_gates(task)
+    if len(gates) != 1:
+        found = sorted(g.task_id for g in gates)
+        raise AirflowFailException(
+            f"{task.task_id}: a fenced task needs exactly one LeaderGateOperator directly "
+            f"upstream (found {found or 'none'}); write `gate >> {task.task_id}`"
+        )
+    return gates[0]
+
+
+def pull_claim(context: Context, gate: Any) -> RunClaim:
+    """The gate's claim for this run, from its XCom; fail with instructions if missing."""
+    value = context["ti"].xcom_pull(task_ids=gate.task_id)
+    try:
+        return RunClaim.from_xcom(value)
+    except ConfigError:
+        raise AirflowFailException(
+            f"no claim from gate {gate.task_id!r} for this run (XCom return_value is {value!r}); "
+            "clear the gate together with this task so it claims the run again (a run that "
+            f"already COMPLETED needs `{reset_command('ROLE', 'RUN_KEY')}` first)"
+        ) from None
+
+
+def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
+    """Give the work its claim: context ``neli_claim``, ``NELI_*`` env, Spark conf.
+
+    Environment variables reach every subprocess (bash, spark-submit); a BashOperator with its
+    own ``env`` gets them there too. A SparkSubmitOperator (recognised by class name, so the
+    Spark provider is never imported here) also gets them as ``spark.neli.*`` conf, which the
+    job reads with :func:`neli_orchestrate.spark.read_neli_conf`.
+    """
+    context[CLAIM_CONTEXT_KEY] = claim  # type: ignore[literal-required]
+    env = claim.env()
+    if isinstance(getattr(task, "env", None), dict):
+        task.env = {**task.env, **env}
+    if _is_spark_submit(task):
+        from neli_orchestrate.spark.conf import neli_spark_conf
+
+        task.conf = {
+            **(task.conf or {}),
+            **neli_spark_conf(
+                token=claim.token,
+                run_key=claim.run_key,
+                role=claim.role,
+                deployment=claim.deployment,
+                attempt=int(getattr(context["ti"], "try_number", 1) or 1),
+            ),
+        }
+        task._hook = None  # the hook copies conf when it is built: build it with the claim
+    task.log.info(
+        "Running under fencing token %s (run %r, role %r, deployment %r)",
+        claim.token,
+        claim.run_key,
+        claim.role,
+        claim.deployment,
+    )
+
+
+def _is_spark_submit(task: Any) -> bool:
+    return any(
+        cls.__name__ == "SparkSubmitOperator" and cls.__module__.startswith("airflow.providers.")
+        for cls in type(task).__mro__
+    )
+
+
+def run_fenced(
+    task: Any,
+    context: Context,
+    work: Callable[[], Any],
+    *,
+    gate_task_id: str | None = None,
+    neli_conn_id: str | None = None,
+    acquire_timeout: float | None = None,
+    prepare: Callable[[RunClaim, Context], None] | None = None,
+) -> Any:
+    """Run ``work()`` as ``task``'s work under its gate's claim (the steps of the module doc).
+
+    ``prepare(claim, context)`` hands the claim to the work (default: :func:`hand_claim_to_work`).
+    """
+    gate = find_gate(task, gate_task_id)
+    claim = pull_claim(context, gate)
+    hook = NeliHook(
+        neli_conn_id or gate.neli_conn_id,
+        deployment=gate.deployment,
+        acquire_timeout=(
+            acquire_timeout if acquire_timeout is not None else gate.run_acquire_timeout
+        ),
+    )
+    execution = _FencedExecution(task, claim, context, work, prepare)
+    try:
+        with open_singleton(hook) as singleton:
+            if hook.deployment != claim.deployment:
+                raise AirflowFailException(
+                    f"the claim belongs to deployment {claim.deployment!r} but this task's "
+                    f"connection says {hook.deployment!r}; use the gate's connection"
+                )
+            return execution.run(singleton)
+    except ConfigError as exc:
+        raise AirflowFailException(f"NELI configuration error: {exc}") from exc
+
+
+class _FencedExecution:
+    """One fenced run of a task's work in this task process: claim check, watchdog, fence."""
+
+    def __init__(
+        self,
+        task: Any,
+        claim: RunClaim,
+        context: Context,
+        work: Callable[[], Any],
+        prepare: Callable[[RunClaim, Context], None] | None,
+    ) -> None:
+        self.task = task
+        self.claim = claim
+        self.context = context
+        self.work = work
+        self.prepare = prepare or (lambda c, ctx: hand_claim_to_work(task, c, ctx))
+        self.fence_reason: str | None = None
+        self.in_work = False
+        self.children_before: set[int] = set()
+
+    def run(self, singleton: Any) -> Any:
+        claim = self.claim
+        previous = self._install_handler()
+        try:
+            return singleton.execute(
+                claim.role, claim.run_key, claim.token, self._work, on_fence=self._on_fence
+            )
+        except SkippedRun as exc:
+            raise AirflowSkipException(str(exc)) from exc
+        except FencedError as exc:
+            reason = self.fence_reason
+            detail = f"{exc}" if reason is None or reason in str(exc) else f"{exc} ({reason})"
+            raise AirflowFailException(
+                f"Fenced: run {claim.run_key!r} of role {claim.role!r} with token "
+                f"{claim.token} may no longer run here: {detail}"
+            ) from exc
+        finally:
+            self._restore_handler(previous)
+
+    def _work(self, run: Any) -> Any:
+        task = self.task
+        # A retry after a failed or dead attempt may run under a new claim: use its token.
+        current = self.claim.with_token(run.token)
+        if current.token != self.claim.token:
+            task.log.info(
+                "Re-claimed run %r with token %s (gate's token %s: %s)",
+                current.run_key,
+                current.token,
+                self.claim.token,
+                run.reason,
+            )
+        self.prepare(current, self.context)
+        self.children_before = _children()
+        self.in_work = True
+        try:
+            with _environ(current.env()):
+                return self.work()
+        except TaskDeferred as exc:
+            raise AirflowFailException(
+                f"{task.task_id} tried to defer while running under a claim; a fenced task must "
+                "do its work in the worker: pass deferrable=False"
+            ) from exc
+        finally:
+            self.in_work = False
+
+    # -- the fence: watchdog thread -> SIGUSR1 -> main thread --------------------------------
+
+    def _on_fence(self, reason: str) -> None:
+        """Fence callback (watchdog thread): make the main thread stop the work now."""
+        self.fence_reason = reason or "leadership lost"
+        main = threading.main_thread()
+        if threading.current_thread() is main:
+            self._fence_now()
+            return
+        if main.ident is not None:
+            signal.pthread_kill(main.ident, FENCE_SIGNAL)
+
+    def _install_handler(self) -> tuple[bool, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            self.task.log.warning(
+                "not in the main thread: a fence cannot interrupt the work; it fails the "
+                "task when the work returns"
+            )
+            return False, None
+        return True, signal.signal(FENCE_SIGNAL, self._signal_handler)
+
+    @staticmethod
+    def _restore_handler(installed: tuple[bool, Any]) -> None:
+        done, previous = installed
+        if done:
+            # None means "not set from Python": the default action is what was there.
+            signal.signal(FENCE_SIGNAL, signal.SIG_DFL if previous is None else previous)
+
+    def _signal_handler(self, signum: int, frame: Any) -> None:
+        if self.fence_reason is None:
+            return  # a stray SIGUSR1, not our watchdog
+        self._fence_now()
+
+    def _fence_now(self) -> None:
+        if not self.in_work:
+            # Not inside the work: the singleton itself raises FencedError at its next step.
+            return
+        self.in_work = False
+        task = self.task
+        reason = self.fence_reason
+        task.log.error("Fenced while running (%s): killing the work", reason)
+        try:
+            task.on_kill()
+        except Exception:  # noqa: BLE001 - still fail the task
+            task.log.exception("on_kill() failed while fencing")
+        leftovers = _kill_new_children(self.children_before)
+        if leftovers:
+            task.log.warning("killed processes the work left behind: %s", leftovers)
+        raise AirflowFailException(f"Fenced: {reason}; the work was killed")
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _kill_new_children(before: set[int], *, timeout: float = 10.0) -> list[int]:
+    """Kill every descendant of this process started since ``before`` was taken.
+
+    ``on_kill`` does not always reach every process: spark-submit's kill stops the JVM, not
+    the Python driver it started; a bash script may leave background jobs.
+    """
+    import psutil
+
+    procs = []
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid in before:
+            continue
+        try:
+            proc.kill()
+            procs.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in procs]
+
+
+# -- the stock form: the gate's direct child ---------------------------------------------------
+
+
+class FencedExecute:
+    """Installed as ``task.execute`` on a gate's stock child: runs its own execute fenced.
+
+    Stored on the instance, so the operator's class, its UI name and serialization do not
+    change. The task that runs is the task runner's (``context["ti"].task``, a prepared copy).
+    """
+
+    def __init__(self, gate_task_id: str) -> None:
+        self.gate_task_id = gate_task_id
+
+    def __call__(self, context: Context) -> Any:
+        task = context["ti"].task
+        return run_fenced(
+            task,
+            context,
+            lambda: type(task).execute(task, context),
+            gate_task_id=self.gate_task_id,
+        )
+
+    def __repr__(self) -> str:
+        return f"FencedExecute(gate_task_id={self.gate_task_id!r})"
+
+
+def is_fenced(task: Any) -> bool:
+    """True if ``task`` runs fenced (explicit form, or attached by :func:`fence_downstream`)."""
+    return isinstance(task, FencedExecutionMixin) or isinstance(
+        task.__dict__.get("execute"), FencedExecute
+    )
+
+
+def fence_downstream(dag: Any) -> None:
+    """Make the task directly downstream of each LeaderGateOperator in ``dag`` run fenced.
+
+    Idempotent. Raises :class:`UnfenceableTaskError` for a shape that cannot be fenced (the DAG
+    then fails to import): several tasks directly downstream of one gate, a mapped gate or
+    mapped task, a deferrable task or a sensor in reschedule mode, an EmptyOperator (the
+    scheduler never runs it), a task behind two gates, an explicitly fenced task that is not a
+    direct child of a gate.
+    """
+    task: Any
+    for task in dag.tasks:
+        if is_gate(task):
+            _fence_child_of(task)
+        elif isinstance(task, FencedExecutionMixin):
+            gates = _direct_gates(task)
+            named = task.gate_task_id
+            if not gates or (named and named not in {g.task_id for g in gates}):
+                raise UnfenceableTaskError(
+                    f"DAG {dag.dag_id!r}: {type(task).__name__} {task.task_id!r} is not "
+                    f"directly downstream of {'gate ' + repr(named) if named else 'a gate'}; "
+                    f"a fenced task runs under the claim its gate just took: write "
+                    f"`gate >> {task.task_id}` (tasks after it need no fencing)"
+                )
+
+
+def _fence_child_of(gate: Any) -> None:
+    dag_id = gate.dag.dag_id if gate.dag else "?"
+    where = f"DAG {dag_id!r}, gate {gate.task_id!r}"
+    if _is_mapped(gate):
+        raise UnfenceableTaskError(
+            f"{where}: a LeaderGateOperator cannot be mapped (.expand); give each item its own "
+            "DAG run, or its own gate with a run_key that names the item"
+        )
+    children = list(gate.downstream_list)
+    if not children:
+        return
+    if len(children) > 1:
+        names = sorted(t.task_id for t in children)
+        raise UnfenceableTaskError(
+            f"{where}: exactly one task runs under a claim, but {names} are all directly "
+            f"downstream; chain them (`{gate.task_id} >> {names[0]} >> {names[1:]}`) or give "
+            "each its own gate and role"
+        )
+    (child,) = children
+    what = f"{where}: task {child.task_id!r}"
+    if _is_mapped(child):
+        raise UnfenceableTaskError(
+            f"{what} is mapped (.expand): its map indexes would share one claim. Run the items "
+            "inside one task, or give each item its own DAG run or gate (run_key naming the "
+            "item); see docs/airflow.md, 'Mapped tasks'"
+        )
+    if getattr(child, "deferrable", False) is True or getattr(child, "start_from_trigger", False):
+        raise UnfenceableTaskError(
+            f"{what} is deferrable: its work would run in the triggerer, where nothing holds "
+            "the claim or can fence it; pass deferrable=False"
+        )
+    if getattr(child, "mode", None) == "reschedule":
+        raise UnfenceableTaskError(
+            f"{what} is a sensor in reschedule mode: it would leave the worker between pokes "
+            "and lose the claim; use mode='poke', or put the sensor before the gate"
+        )
+    if getattr(child, "inherits_from_empty_operator", False):
+        raise UnfenceableTaskError(
+            f"{what} is an EmptyOperator: the scheduler marks it done without running it, so "
+            "nothing would record the run COMPLETED; put the real work directly after the gate"
+        )
+    others = sorted(g.task_id for g in _direct_gates(child) if g is not gate)
+    if others:
+        raise UnfenceableTaskError(
+            f"{what} is also directly downstream of gate(s) {others}; a task runs under one "
+            "claim: keep one gate"
+        )
+    if isinstance(child, FencedExecutionMixin):
+        if child.gate_task_id not in (None, gate.task_id):
+            raise UnfenceableTaskError(
+                f"{what} names gate_task_id={child.gate_task_id!r} but its gate is "
+                f"{gate.task_id!r}"
+            )
+        return
+    if not is_fenced(child):
+        child.execute = FencedExecute(gate.task_id)
+
+
+# -- the explicit form ---------------------------------------------------------------------------
 
 
 class FencedExecutionMixin:
     """Mix into an operator so its ``execute`` runs only under a verified, held claim.
 
     Put it first: ``class FencedFoo(FencedExecutionMixin, FooOperator)``, or use
-    :func:`fenced`. Subclasses may override :meth:`prepare_fenced_run` to hand the claim to the
-    work (FencedSparkSubmitOperator puts it into Spark conf).
+    :func:`fenced`. A stock operator directly downstream of a gate gets the same behaviour
+    without a class (:func:`fence_downstream`); the explicit form adds these arguments.
+    Subclasses may override :meth:`prepare_fenced_run` to hand the claim to the work.
 
-    :param gate_task_id: the LeaderGateOperator whose XCom holds the claim; default: the only
-        LeaderGateOperator upstream of this task.
+    :param gate_task_id: the LeaderGateOperator whose XCom holds the claim; default: the one
+        directly upstream of this task.
     :param neli_conn_id: connection for the singleton; default: the gate's.
     :param acquire_timeout: seconds to wait for leadership of the role before failing the try
-        (Airflow retries apply); default: the connection's. Runs of one role execute one
-        after another, so allow for the longest run ahead of this one.
+        (Airflow retries apply); default: the gate's ``run_acquire_timeout``, else the
+        connection's. Runs of one role execute one after another, so allow for the longest run
+        ahead of this one.
     """
+
+    gate_task_id: str | None
+    neli_conn_id: str | None
+    acquire_timeout: float | None
 
     def __init__(
         self,
@@ -98,12 +514,10 @@ class FencedExecutionMixin:
         acquire_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # the operator class after the mixin
         self.gate_task_id = gate_task_id
         self.neli_conn_id = neli_conn_id
         self.acquire_timeout = acquire_timeout
-        self._neli_fence_reason: str | None = None
-        self._neli_in_work = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -120,7 +534,7 @@ class FencedExecutionMixin:
             acquire_timeout: float | None = None,
             **kw: Any,
         ) -> None:
-            super(cls, self).__init__(
+            super(cls, self).__init__(  # type: ignore[call-arg]  # the operator after the mixin
                 *args,
                 gate_task_id=gate_task_id,
                 neli_conn_id=neli_conn_id,
@@ -131,226 +545,21 @@ class FencedExecutionMixin:
         __init__.__qualname__ = f"{cls.__qualname__}.__init__"
         cls.__init__ = __init__  # type: ignore[method-assign]
 
-    # -- what subclasses may adapt -------------------------------------------------------------
-
     def prepare_fenced_run(self, claim: RunClaim, context: Context) -> None:
-        """Hand the verified claim to the work before it starts (default: nothing)."""
-
-    # -- the fenced run ------------------------------------------------------------------------
-
-    def _find_gate(self) -> LeaderGateOperator:
-        task: BaseOperator = self  # type: ignore[assignment]
-        if self.gate_task_id:
-            gate = task.dag.task_dict.get(self.gate_task_id) if task.dag else None
-            if not isinstance(gate, LeaderGateOperator):
-                raise AirflowFailException(
-                    f"{task.task_id}: gate_task_id {self.gate_task_id!r} is not a "
-                    "LeaderGateOperator in this DAG"
-                )
-            return gate
-        upstream = task.get_flat_relatives(upstream=True)
-        gates = [t for t in upstream if isinstance(t, LeaderGateOperator)]
-        if len(gates) != 1:
-            found = sorted(g.task_id for g in gates)
-            raise AirflowFailException(
-                f"{task.task_id}: a fenced task needs exactly one upstream LeaderGateOperator "
-                f"(found {found or 'none'}); add `gate >> {task.task_id}` or pass gate_task_id="
-            )
-        return gates[0]
-
-    def _pull_claim(self, context: Context, gate: LeaderGateOperator) -> RunClaim:
-        value = context["ti"].xcom_pull(task_ids=gate.task_id)
-        if not isinstance(value, Mapping) or any(k not in value for k in CLAIM_KEYS):
-            raise AirflowFailException(
-                f"no claim from gate {gate.task_id!r} for this run (XCom return_value is "
-                f"{value!r}); clear the gate together with this task so it claims the run again"
-            )
-        return RunClaim(value)
+        """Hand the verified claim to the work before it starts (:func:`hand_claim_to_work`)."""
+        hand_claim_to_work(self, claim, context)
 
     def execute(self, context: Context) -> Any:
-        task: BaseOperator = self  # type: ignore[assignment]
-        gate = self._find_gate()
-        claim = self._pull_claim(context, gate)
-        hook = NeliHook(
-            self.neli_conn_id or gate.neli_conn_id,
-            deployment=gate.deployment,
+        wrapped: Callable[[Context], Any] = super().execute  # type: ignore[misc]
+        return run_fenced(
+            self,
+            context,
+            lambda: wrapped(context),
+            gate_task_id=self.gate_task_id,
+            neli_conn_id=self.neli_conn_id,
             acquire_timeout=self.acquire_timeout,
+            prepare=self.prepare_fenced_run,
         )
-        try:
-            with open_singleton(hook) as singleton:
-                if hook.deployment != claim.deployment:
-                    raise AirflowFailException(
-                        f"the claim belongs to deployment {claim.deployment!r} but this task's "
-                        f"connection says {hook.deployment!r}; use the gate's connection"
-                    )
-                return self._execute_under_claim(singleton, claim, context)
-        except ConfigError as exc:
-            raise AirflowFailException(f"NELI configuration error: {exc}") from exc
-        finally:
-            task.log.debug("fenced run of %s finished", task.task_id)
-
-    def _execute_under_claim(self, singleton: Any, claim: RunClaim, context: Context) -> Any:
-        task: BaseOperator = self  # type: ignore[assignment]
-        wrapped_execute: Callable[[Context], Any] = super().execute  # type: ignore[misc]
-
-        def work(run: Any) -> Any:
-            # A retry after a failed or dead attempt runs under a new claim: use its token.
-            current = RunClaim({**claim, "token": run.token})
-            if current.token != claim.token:
-                task.log.info(
-                    "Re-claimed run %r with token %s (gate's token %s: %s)",
-                    claim.run_key,
-                    current.token,
-                    claim.token,
-                    run.reason,
-                )
-            self.prepare_fenced_run(current, context)
-            self._neli_in_work = True
-            try:
-                return wrapped_execute(context)
-            finally:
-                self._neli_in_work = False
-
-        previous = self._install_fence_handler()
-        try:
-            return singleton.execute(
-                claim.role, claim.run_key, claim.token, work, on_fence=self._on_fence
-            )
-        except SkippedRun as exc:
-            raise AirflowSkipException(str(exc)) from exc
-        except FencedError as exc:
-            reason = self._neli_fence_reason
-            detail = f"{exc}" if reason is None or reason in str(exc) else f"{exc} ({reason})"
-            raise AirflowFailException(
-                f"Fenced: run {claim.run_key!r} of role {claim.role!r} with token "
-                f"{claim.token} may no longer run here: {detail}"
-            ) from exc
-        finally:
-            self._restore_fence_handler(previous)
-            task.log.debug("fence handler restored")
-
-    # -- the fence: watchdog thread -> SIGUSR1 -> main thread ---------------------------------
-
-    def _on_fence(self, reason: str) -> None:
-        """Fence callback (watchdog thread): make the main thread stop the work now."""
-        self._neli_fence_reason = reason or "leadership lost"
-        main = threading.main_thread()
-        if threading.current_thread() is main:
-            self._fence_now()
-            return
-        if main.ident is not None:
-            signal.pthread_kill(main.ident, FENCE_SIGNAL)
-
-    def _install_fence_handler(self) -> tuple[bool, Any]:
-        """Install the SIGUSR1 handler; return (installed, previous handler)."""
-        if threading.current_thread() is not threading.main_thread():
-            self.log.warning(  # type: ignore[attr-defined]
-                "not in the main thread: a fence cannot interrupt the work; it fails the "
-                "task when the work returns"
-            )
-            return False, None
-        return True, signal.signal(FENCE_SIGNAL, self._fence_signal_handler)
-
-    def _restore_fence_handler(self, installed: tuple[bool, Any]) -> None:
-        done, previous = installed
-        if done:
-            # None means "not set from Python": the default action is what was there.
-            signal.signal(FENCE_SIGNAL, signal.SIG_DFL if previous is None else previous)
-
-    def _fence_signal_handler(self, signum: int, frame: Any) -> None:
-        if self._neli_fence_reason is None:
-            return  # a stray SIGUSR1, not our watchdog
-        self._fence_now()
-
-    def _fence_now(self) -> None:
-        if not self._neli_in_work:
-            # Not inside the work: the singleton itself raises FencedError at its next step.
-            return
-        self._neli_in_work = False
-        reason = self._neli_fence_reason
-        self.log.error("Fenced while running (%s): killing the work", reason)  # type: ignore[attr-defined]
-        try:
-            self.on_kill()  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - still fail the task
-            self.log.exception("on_kill() failed while fencing")  # type: ignore[attr-defined]
-        raise AirflowFailException(f"Fenced: {reason}; the work was killed")
-
-
-def _kill_process_tree(root_pid: int, *, timeout: float = 10.0) -> list[int]:
-    """Kill every process below ``root_pid`` (and it); return the pids that had to be killed."""
-    import psutil
-
-    try:
-        root = psutil.Process(root_pid)
-        procs = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return []
-    killed = []
-    for proc in procs:
-        try:
-            proc.kill()
-            killed.append(proc.pid)
-        except psutil.NoSuchProcess:
-            continue
-    psutil.wait_procs(procs, timeout=timeout)
-    return killed
-
-
-class FencedSparkSubmitOperator(FencedExecutionMixin, SparkSubmitOperator):
-    """SparkSubmitOperator that runs only under the gate's claim and fails when fenced.
-
-    The claim reaches the job as Spark conf (``spark.neli.token``, ``spark.neli.run_key``,
-    ``spark.neli.role``, ``spark.neli.deployment``, ``spark.neli.attempt``); read it in the job
-    with :func:`neli_orchestrate.spark.read_neli_conf` and publish through the token-checked
-    commit. ``on_kill`` kills spark-submit and every process it started (JVM, Python driver).
-
-    Takes every SparkSubmitOperator argument plus ``gate_task_id``, ``neli_conn_id`` and
-    ``acquire_timeout`` (see FencedExecutionMixin).
-    """
-
-    ui_color = "#f7d9b8"
-
-    def prepare_fenced_run(self, claim: RunClaim, context: Context) -> None:
-        from neli_orchestrate.spark import neli_spark_conf
-
-        conf = dict(self.conf or {})
-        conf.update(
-            neli_spark_conf(
-                token=claim.token,
-                run_key=claim.run_key,
-                role=claim.role,
-                deployment=claim.deployment,
-                attempt=int(getattr(context["ti"], "try_number", 1) or 1),
-            )
-        )
-        self.conf = conf
-        self._hook = None  # the hook copies conf when built: build it with the claim
-        self.log.info(
-            "Submitting under fencing token %s (run %r, role %r)",
-            claim.token,
-            claim.run_key,
-            claim.role,
-        )
-
-    def on_kill(self) -> None:
-        process = getattr(self._hook, "_submit_sp", None) if self._hook else None
-        pid = process.pid if process is not None and process.poll() is None else None
-        descendants: list[int] = []
-        if pid is not None:
-            import psutil
-
-            try:
-                descendants = [p.pid for p in psutil.Process(pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                descendants = []
-        super().on_kill()
-        # spark-submit's kill() reaches the JVM only; its Python driver and workers are its
-        # children and must not outlive a fenced task.
-        leftovers = [p for d in descendants for p in _kill_process_tree(d)]
-        if pid is not None:
-            leftovers += _kill_process_tree(pid)
-        if leftovers:
-            self.log.warning("killed leftover Spark processes %s", leftovers)
 
 
 _FENCED_CLASSES: dict[type, type] = {}
@@ -375,3 +584,15 @@ def fenced(operator_class: type[BaseOperator]) -> type[BaseOperator]:
         )
         _FENCED_CLASSES[operator_class] = cls
     return cls
+
+
+__all__ = [
+    "FencedExecute",
+    "FencedExecutionMixin",
+    "UnfenceableTaskError",
+    "fence_downstream",
+    "fenced",
+    "hand_claim_to_work",
+    "is_fenced",
+    "run_fenced",
+]

@@ -20,29 +20,34 @@ Every deployment runs the same DAG. For each run the gate asks the run ledger (t
 
 .. note:: The gate waits at most ``timeout`` seconds (sensor semantics; default from
    ``[sensors] default_timeout``) and then fails, which leaves the run for a later retry or a
-   manual clear. It does not skip on timeout.
+   manual clear of the gate. It does not skip on timeout. A COMPLETED run is re-run only after
+   ``neli-orchestrate ledger reset ROLE RUN_KEY --reason ...`` (docs/airflow.md, "Re-running a
+   date").
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import PokeReturnValue, SkipMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from neli_orchestrate.airflow.claims import (
+    describe,
+    open_singleton,
+    record_to_dict,
+    reset_command,
+)
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor
+from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor, default_deferrable
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
+from neli_orchestrate.ledger.record import format_epoch
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from neli_orchestrate.singleton import Singleton
 
 logger = logging.getLogger(__name__)
 
@@ -54,80 +59,6 @@ DEFAULT_RUN_KEY = "{{ dag.dag_id }}/{{ ts if logical_date else run_id }}"
 #: XCom key under which a skipping gate records the ledger entry it found.
 DONE_ELSEWHERE_XCOM_KEY = "neli_done"
 
-CLAIM_KEYS = ("token", "run_key", "role", "deployment")
-
-
-def format_epoch(at: float | None) -> str:
-    """Render a ledger timestamp (epoch seconds) as ISO-8601 UTC for log lines."""
-    if at is None:
-        return "an unknown time"
-    return dt.datetime.fromtimestamp(at, tz=dt.UTC).isoformat(timespec="seconds")
-
-
-def describe_record(record: Any) -> str:
-    """One log line about a ledger record: state, where, when, token."""
-    if record is None:
-        return "no ledger record"
-    state = getattr(record.state, "value", record.state)
-    text = (
-        f"{state} by deployment {record.deployment!r} (member {record.member}) at "
-        f"{format_epoch(record.at)} with token {record.token}"
-    )
-    deadline = getattr(record, "handoff_deadline", None)
-    if state == "CLAIMED" and deadline is not None:
-        text += f", claim live until {format_epoch(deadline)}"
-    if getattr(record, "reason", ""):
-        text += f" (reason: {record.reason})"
-    return text
-
-
-def record_to_dict(record: Any) -> dict[str, Any] | None:
-    """A JSON-safe view of a ledger record (for XCom and trigger events)."""
-    if record is None:
-        return None
-    return {
-        "state": str(getattr(record.state, "value", record.state)),
-        "token": record.token,
-        "deployment": record.deployment,
-        "member": record.member,
-        "attempt": record.attempt,
-        "at": record.at,
-        "reason": record.reason,
-    }
-
-
-@contextlib.contextmanager
-def open_singleton(hook: NeliHook) -> Iterator[Singleton]:
-    """Yield a Singleton from ``hook`` and always close it (leaving the group at once)."""
-    singleton = hook.get_singleton()
-    try:
-        yield singleton
-    finally:
-        singleton.close()
-
-
-def _busy_reservation(singleton: Any, role: str, run_key: str, members: int) -> Any:
-    """What a gate concludes without joining a busy role group: SKIP_DONE or WAIT."""
-    from neli_orchestrate.decision import Outcome
-    from neli_orchestrate.ledger import RunState
-    from neli_orchestrate.singleton import Reservation
-
-    record = singleton.status(role, run_key)
-    # COMPLETED is final (read_committed ledger): skipping needs no leadership.
-    if record is not None and record.state is RunState.COMPLETED:
-        outcome, reason = Outcome.SKIP_DONE, "completed"
-    else:
-        outcome = Outcome.WAIT
-        reason = f"role {role!r} is busy ({members} member(s) in its group lead or wait for it)"
-    return Reservation(
-        role=role,
-        run_key=run_key,
-        outcome=outcome,
-        reason=reason,
-        token=None,
-        record=record,
-        deployment=singleton.config.deployment,
-    )
 
 
 class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
@@ -140,14 +71,22 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
     :param neli_conn_id: ``neli`` or ``kafka`` connection (see NeliHook).
     :param deployment: overrides the connection's deployment id.
     :param acquire_timeout: seconds one attempt waits to lead the role (connection default).
-    :param deferrable: wait in the triggerer (NeliLeadershipTrigger) instead of a worker slot.
+    :param deferrable: wait in the triggerer (NeliLeadershipTrigger) instead of a worker slot;
+        default ``[operators] default_deferrable``.
     :param mode: ``poke`` (hold a worker slot) or ``reschedule`` (free it between attempts).
     :param poke_interval: seconds between attempts while waiting (default 30).
+    :param run_acquire_timeout: seconds the fenced task after the gate waits to lead the role
+        before failing its try (connection default). Runs of one role execute one after
+        another, so allow for the longest run ahead of this one.
+
+    The one task directly downstream runs fenced, whatever its operator (see
+    :func:`neli_orchestrate.airflow.operators.fenced.fence_downstream`).
     """
 
     template_fields: Sequence[str] = ("role", "run_key")
     ui_color = "#d7ecd9"
     inherits_from_skipmixin = True
+    neli_gate = True  # operators.fenced.GATE_MARKER: found by the fencing code without an import
 
     def __init__(
         self,
@@ -157,8 +96,9 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         neli_conn_id: str = NeliHook.default_conn_name,
         deployment: str | None = None,
         acquire_timeout: float | None = None,
-        deferrable: bool = False,
+        deferrable: bool | None = None,
         poke_interval: float | timedelta = 30,
+        run_acquire_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
@@ -169,7 +109,8 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         self.neli_conn_id = neli_conn_id
         self.deployment = deployment
         self.acquire_timeout = acquire_timeout
-        self.deferrable = deferrable
+        self.run_acquire_timeout = run_acquire_timeout
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
 
     def _hook(self) -> NeliHook:
         return NeliHook(
@@ -183,16 +124,12 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         """One attempt: reserve the run and act on the outcome (RUN, SKIP_DONE or WAIT)."""
         from neli_orchestrate.decision import Outcome
 
+        self._check_fencing()
         hook = self._hook()
         try:
             with open_singleton(hook) as singleton:
-                busy = hook.role_members(self.role)
-                if busy:
-                    # Someone leads the role or is acquiring it. Joining now would rebalance
-                    # the group under a running leader: read the ledger instead.
-                    reservation = _busy_reservation(singleton, self.role, self.run_key, busy)
-                else:
-                    reservation = singleton.reserve(self.role, self.run_key)
+                # Singleton.reserve never joins a busy group (it reads the ledger instead).
+                reservation = singleton.reserve(self.role, self.run_key)
         except ConfigError as exc:
             # Configuration does not fix itself between pokes or retries.
             raise AirflowFailException(f"NELI configuration error: {exc}") from exc
@@ -223,7 +160,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
                 deployment,
                 reservation.token,
                 outcome,
-                describe_record(reservation.record),
+                describe(reservation.record),
             )
             return PokeReturnValue(is_done=True, xcom_value=claim)
         if outcome is Outcome.SKIP_DONE:
@@ -236,17 +173,45 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
                 self.run_key,
                 self.role,
                 reservation.reason,
-                describe_record(reservation.record),
+                describe(reservation.record),
                 self.poke_interval,
             )
             return False
         if outcome is Outcome.GIVE_UP:
             raise AirflowFailException(
                 f"run {self.run_key!r} of role {self.role!r} failed for good (max attempts "
-                f"reached): {describe_record(reservation.record)}; clear it in the ledger to "
-                "run it again"
+                f"reached): {describe(reservation.record)}. To run it again: "
+                f"{reset_command(self.role, self.run_key)}, then clear this gate in one region"
             )
         raise AirflowException(f"unexpected reservation outcome {outcome!r} for {self.run_key!r}")
+
+    def _check_fencing(self) -> None:
+        """Claim only if the task after the gate will run fenced in its own process too."""
+        from neli_orchestrate.airflow.operators.fenced import (
+            UnfenceableTaskError,
+            fence_downstream,
+            is_fenced,
+        )
+        from neli_orchestrate.airflow.policy import policy_loaded
+
+        if self.dag is None:
+            return
+        unfenced_before = [t.task_id for t in self.downstream_list if not is_fenced(t)]
+        try:
+            # Fences this DAG object's tasks: what dag.test() runs in this very process.
+            fence_downstream(self.dag)
+        except UnfenceableTaskError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        if unfenced_before and not policy_loaded():
+            # Loaded without the provider's cluster policy: the task process of the child
+            # would load it the same way and run it unfenced. Never claim for that.
+            raise AirflowFailException(
+                f"{unfenced_before} after gate {self.task_id!r} would run unfenced: the "
+                "neli-orchestrate cluster policy is not loaded in this Airflow (entry point "
+                "airflow.policy). Reinstall neli-orchestrate where Airflow runs, or add "
+                "`from neli_orchestrate.airflow.policy import dag_policy` to "
+                "airflow_local_settings.py"
+            )
 
     def _skip_downstream(self, context: Context, record: Any) -> None:
         ti = context["ti"]
@@ -257,11 +222,13 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
             else "another deployment"
         )
         self.log.info(
-            "Run %r of role %r already completed by %s; skipping downstream %s",
+            "Run %r of role %r already completed by %s; skipping downstream %s. To run it "
+            "again: %s, then clear this gate in one region",
             self.run_key,
             self.role,
             where,
             sorted(t.task_id for t in downstream),
+            reset_command(self.role, self.run_key),
         )
         ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=record_to_dict(record))
         # Raises DownstreamTasksSkipped when there is anything to skip.

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
+from neli_orchestrate.airflow.claims import open_singleton
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor
+from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor, default_deferrable
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ class NeliLeaderSensor(DeferrableNeliSensor):
     :param deployment: overrides the connection's deployment id.
     :param acquire_timeout: seconds one poke waits to become leader (connection default, else
         the smaller of 10 s and ``poke_interval``).
-    :param deferrable: wait in the triggerer (NeliLeadershipTrigger) instead of a worker slot.
+    :param deferrable: wait in the triggerer (NeliLeadershipTrigger) instead of a worker slot;
+        default ``[operators] default_deferrable``.
 
     Pushes ``{"role", "deployment"}`` as XCom on success.
     """
@@ -53,7 +55,7 @@ class NeliLeaderSensor(DeferrableNeliSensor):
         neli_conn_id: str = NeliHook.default_conn_name,
         deployment: str | None = None,
         acquire_timeout: float | None = None,
-        deferrable: bool = False,
+        deferrable: bool | None = None,
         poke_interval: float | timedelta = 30,
         **kwargs: Any,
     ) -> None:
@@ -64,7 +66,7 @@ class NeliLeaderSensor(DeferrableNeliSensor):
         self.neli_conn_id = neli_conn_id
         self.deployment = deployment
         self.acquire_timeout = acquire_timeout
-        self.deferrable = deferrable
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
 
     def _hook(self) -> NeliHook:
         return NeliHook(
@@ -79,16 +81,11 @@ class NeliLeaderSensor(DeferrableNeliSensor):
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         """One attempt: does this deployment lead the role now?"""
-        from neli_orchestrate.airflow.operators.gate import open_singleton
-
         hook = self._hook()
         try:
             with open_singleton(hook) as singleton:
-                # A busy group means another member leads or waits: joining would rebalance
-                # the group under the leader, so observe it read-only instead.
-                leads = not hook.role_members(self.role) and singleton.leads(
-                    self.role, self._probe_timeout(hook)
-                )
+                # Singleton.leads answers False without joining while the group is busy.
+                leads = singleton.leads(self.role, self._probe_timeout(hook))
         except ConfigError as exc:
             raise AirflowFailException(f"NELI configuration error: {exc}") from exc
         except KafkaUnavailableError as exc:

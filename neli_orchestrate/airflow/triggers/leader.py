@@ -29,6 +29,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from neli_orchestrate.airflow.claims import describe, open_singleton, record_to_dict
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class NeliLeadershipTrigger(BaseTrigger):
     :param poll_interval: seconds between checks.
     :param first_check: seconds before the first check (default ``MIN_FIRST_CHECK``, or
         ``poll_interval`` if larger).
+    :param wait_started_at: wall-clock time the waiting task first deferred; echoed in every
+        event so the task's ``timeout`` counts the whole wait across deferrals.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class NeliLeadershipTrigger(BaseTrigger):
         acquire_timeout: float | None = None,
         poll_interval: float = 30.0,
         first_check: float | None = None,
+        wait_started_at: float | None = None,
     ) -> None:
         super().__init__()
         self.role = role
@@ -77,6 +81,7 @@ class NeliLeadershipTrigger(BaseTrigger):
             if first_check is not None
             else max(MIN_FIRST_CHECK, self.poll_interval)
         )
+        self.wait_started_at = wait_started_at
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -89,6 +94,7 @@ class NeliLeadershipTrigger(BaseTrigger):
                 "acquire_timeout": self.acquire_timeout,
                 "poll_interval": self.poll_interval,
                 "first_check": self.first_check,
+                "wait_started_at": self.wait_started_at,
             },
         )
 
@@ -100,7 +106,7 @@ class NeliLeadershipTrigger(BaseTrigger):
             # Importing the hook, parsing the connection and masking secrets: off the loop too.
             hook = await asyncio.to_thread(self._hook, connection)
         except Exception as exc:  # noqa: BLE001 - reported to the task, which fails
-            yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+            yield self._event({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
             return
         checks = 0
         await asyncio.sleep(self.first_check)
@@ -109,16 +115,21 @@ class NeliLeadershipTrigger(BaseTrigger):
             try:
                 event = await asyncio.to_thread(self.check, hook)
             except ConfigError as exc:
-                yield TriggerEvent({"status": "error", "message": str(exc)})
+                yield self._event({"status": "error", "message": str(exc)})
                 return
             except KafkaUnavailableError as exc:
                 self.log.warning("Kafka unavailable, checking again later: %s", exc)
                 event = None
             if event is not None:
                 event["checks"] = checks
-                yield TriggerEvent(event)
+                yield self._event(event)
                 return
             await asyncio.sleep(self.poll_interval)
+
+    def _event(self, payload: dict[str, Any]) -> TriggerEvent:
+        if self.wait_started_at is not None:
+            payload["wait_started_at"] = self.wait_started_at
+        return TriggerEvent(payload)
 
     def _hook(self, connection: Any) -> Any:
         from neli_orchestrate.airflow.hooks.neli import NeliHook
@@ -134,14 +145,7 @@ class NeliLeadershipTrigger(BaseTrigger):
 
     def check(self, hook: Any) -> dict[str, Any] | None:
         """One blocking check (run in a worker thread); an event payload, or None to wait."""
-        from neli_orchestrate.airflow.operators.gate import (
-            describe_record,
-            open_singleton,
-            record_to_dict,
-        )
-
         with open_singleton(hook) as singleton:
-            members = hook.role_members(self.role)
             record = None
             if self.run_key is not None:
                 record = singleton.status(self.role, self.run_key)
@@ -153,18 +157,15 @@ class NeliLeadershipTrigger(BaseTrigger):
                         "record": record_to_dict(record),
                     }
                 if decision.outcome == "WAIT":
-                    self._waiting(f"{decision.reason} (latest record: {describe_record(record)})")
+                    self._waiting(f"{decision.reason} (latest record: {describe(record)})")
                     return None
-            if members:
-                # Never join a busy group: it would rebalance under the running leader.
-                self._waiting(
-                    f"role {self.role!r} is busy: {members} member(s) lead or wait for it"
-                    + (f" (latest record: {describe_record(record)})" if self.run_key else "")
-                )
-                return None
+            # Singleton.leads never joins a busy group (the busy-group rule lives there).
             if singleton.leads(self.role, self._leads_timeout(hook)):
                 return {"status": "leader", "role": self.role, "deployment": hook.deployment}
-            self._waiting(f"role {self.role!r} is led by another member")
+            self._waiting(
+                f"role {self.role!r} is led by another member"
+                + (f" (latest record: {describe(record)})" if self.run_key else "")
+            )
             return None
 
     def _waiting(self, reason: str) -> None:

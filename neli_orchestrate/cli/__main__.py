@@ -1,0 +1,5 @@
+import sys
+
+from neli_orchestrate.cli import main
+
+sys.exit(main())

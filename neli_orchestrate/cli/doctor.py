@@ -1,0 +1,460 @@
+"""``neli-orchestrate doctor``: do the cluster and the settings give the guarantees? Each finding
+comes with its fix; the exit code is 1 if any finding is an error.
+
+Every permission is *tried*, never inferred from ACL listings: describe the groups and topics,
+commit an offset for a throwaway group, write a record to the leader topic, and
+``init_transactions()`` plus an aborted transaction on the ledger topic with a throwaway
+transactional id under the namespace's prefix. Nothing readers act on is left behind: the
+leader-topic record is not a heartbeat, the ledger record is aborted (read_committed readers
+never see it), and the throwaway group is deleted.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import click
+from rich.text import Text
+
+from neli_orchestrate.cli._context import Target, connection_options, group_prefix
+from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
+from neli_orchestrate.core.config import PROFILES, NeliConfig
+from neli_orchestrate.errors import ConfigError
+
+__all__ = ["Finding", "broker_config", "describe_config", "diagnose", "doctor"]
+
+OK, WARNING, ERROR = "ok", "warning", "error"
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    level: str
+    message: str
+    fix: str = ""
+
+
+def _ck() -> Any:
+    import confluent_kafka
+    import confluent_kafka.admin  # noqa: F401
+
+    return confluent_kafka
+
+
+def _code(exc: BaseException) -> str:
+    args = getattr(exc, "args", ())
+    err = args[0] if args else None
+    name = getattr(err, "name", None)
+    return str(name()) if callable(name) else ""
+
+
+def describe_config(admin: Any, restype: str, name: str, timeout: float) -> dict[str, str] | None:
+    """Settings of a broker/topic/group resource, or None if they cannot be read."""
+    ck = _ck()
+    resource = ck.admin.ConfigResource(getattr(ck.admin.ResourceType, restype), name)
+    try:
+        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout=timeout + 5)
+    except Exception:  # noqa: BLE001 - not allowed, not supported: the caller reports it
+        return None
+    return {key: entry.value for key, entry in entries.items() if entry.value is not None}
+
+
+def broker_config(admin: Any, timeout: float) -> dict[str, str] | None:
+    """The settings of one broker of the cluster (the first listed), or None."""
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except Exception:  # noqa: BLE001
+        return None
+    if not metadata.brokers:
+        return None
+    return describe_config(admin, "BROKER", str(min(metadata.brokers)), timeout)
+
+
+class _Doctor:
+    def __init__(self, target: Target, neli: NeliConfig) -> None:
+        self.target = target
+        self.neli = neli
+        self.names = target.names
+        self.findings: list[Finding] = []
+        self.admin: Any = None
+        self.broker: dict[str, str] | None = None
+        self.brokers = 0
+
+    def add(self, check: str, level: str, message: str, fix: str = "") -> None:
+        self.findings.append(Finding(check, level, message, fix))
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def reachability(self) -> bool:
+        ck = _ck()
+        t = self.target
+        self.admin = ck.admin.AdminClient(t.client_config())
+        try:
+            metadata = self.admin.list_topics(timeout=t.timeout)
+        except ck.KafkaException as exc:
+            self.add("broker", ERROR,
+                     f"no broker at {t.bootstrap_servers} answered within {t.timeout:g} s "
+                     f"({exc.args[0].str() if exc.args else exc})",
+                     "check the address, that the listener is reachable from here (DNS, "
+                     "firewall), and security.protocol/sasl.*/ssl.* (-X key=value)")
+            return False
+        self.brokers = len(metadata.brokers)
+        self.add("broker", OK, f"{self.brokers} broker(s) answer at {t.bootstrap_servers} "
+                 f"(cluster {metadata.cluster_id})")
+        self.broker = broker_config(self.admin, t.timeout)
+        if self.broker is None:
+            self.add("broker", WARNING, "cannot read the broker's configuration, so the "
+                     "broker-side timeout checks below are skipped",
+                     "grant DESCRIBE_CONFIGS on the cluster to this principal for the doctor")
+        return True
+
+    def kip848(self) -> None:
+        if self.broker is None:
+            return
+        protocols = self.broker.get("group.coordinator.rebalance.protocols", "classic")
+        supported = "consumer" in [p.strip() for p in protocols.split(",")]
+        r = self.neli.resolved
+        if supported:
+            self.add("kip-848", OK, f"the broker supports group.protocol=consumer (KIP-848): "
+                     f"group.coordinator.rebalance.protocols={protocols}")
+        else:
+            level = ERROR if r.group_protocol == "consumer" else WARNING
+            self.add("kip-848", level,
+                     f"the broker does not offer the KIP-848 protocol "
+                     f"(group.coordinator.rebalance.protocols={protocols})",
+                     "run Kafka 4.x (or 3.7+ with the consumer protocol enabled), or use "
+                     "group_protocol='classic'")
+
+    def _range(self, check: str, value_ms: int, low_key: str, high_key: str, what: str,
+               level: str) -> None:
+        assert self.broker is not None
+        low = int(self.broker.get(low_key, "0"))
+        high = int(self.broker.get(high_key, str(2**31)))
+        if low <= value_ms <= high:
+            self.add(check, OK, f"{what} {value_ms} ms is within the broker's "
+                     f"[{low_key}={low}, {high_key}={high}]")
+        else:
+            self.add(check, level, f"{what} {value_ms} ms is outside the broker's "
+                     f"[{low_key}={low}, {high_key}={high}]: the broker refuses such members",
+                     f"set the session timeout within [{low}, {high}] ms, or change "
+                     f"{low_key}/{high_key} on the brokers")
+
+    def timeouts(self) -> None:
+        r = self.neli.resolved
+        self.add("timeouts", OK,
+                 f"heartbeat_timeout {r.heartbeat_timeout:g} s + clock_error {r.clock_error:g} s "
+                 f"+ group heartbeat {r.group_heartbeat_interval:g} s < session_timeout "
+                 f"{r.session_timeout:g} s; revoke barrier {r.revoke_timeout:g} s < "
+                 f"max_poll_interval {r.max_poll_interval:g} s (profile {r.profile}, "
+                 f"group_protocol {r.group_protocol})")
+        if self.broker is None:
+            return
+        session_ms = round(r.session_timeout * 1000)
+        heartbeat_ms = round(r.group_heartbeat_interval * 1000)
+        classic = WARNING if r.group_protocol == "consumer" else ERROR
+        consumer = WARNING if r.group_protocol == "classic" else ERROR
+        self._range("timeouts", session_ms, "group.min.session.timeout.ms",
+                    "group.max.session.timeout.ms", "classic-protocol session timeout", classic)
+        self._range("timeouts", session_ms, "group.consumer.min.session.timeout.ms",
+                    "group.consumer.max.session.timeout.ms", "KIP-848 session timeout",
+                    consumer)
+        self._range("timeouts", heartbeat_ms, "group.consumer.min.heartbeat.interval.ms",
+                    "group.consumer.max.heartbeat.interval.ms", "KIP-848 heartbeat interval",
+                    consumer)
+        if r.group_protocol == "consumer":
+            default = int(self.broker.get("group.consumer.session.timeout.ms", "45000")) / 1000
+            if r.heartbeat_timeout + r.clock_error >= default:
+                self.add("timeouts", WARNING,
+                         f"the broker's default KIP-848 session ({default:g} s) is too short "
+                         f"for heartbeat_timeout {r.heartbeat_timeout:g} s: a group whose "
+                         f"settings cannot be written falls back to it",
+                         "keep apply_group_config=True and grant ALTER_CONFIGS on the groups")
+        tx_max = int(self.broker.get("transaction.max.timeout.ms", "900000"))
+        tx = round(self.target.ledger_config().transaction_timeout * 1000)
+        if tx > tx_max:
+            self.add("timeouts", ERROR, f"the ledger's transaction timeout {tx} ms exceeds the "
+                     f"broker's transaction.max.timeout.ms={tx_max}",
+                     "lower KafkaLedgerConfig.transaction_timeout")
+
+    def topics(self) -> dict[str, int]:
+        """Describe both topics (a tried DESCRIBE); check the ledger's policy and replication."""
+        ck = _ck()
+        t, names = self.target, self.names
+        found: dict[str, int] = {}
+        for topic, what in ((names.leader_topic, "leader topic"),
+                            (names.ledger_topic, "ledger topic")):
+            try:
+                meta = self.admin.list_topics(topic=topic, timeout=t.timeout).topics.get(topic)
+            except ck.KafkaException as exc:
+                self.add("acl", ERROR, f"describing {what} {topic!r} failed: {exc}")
+                continue
+            code = meta.error.name() if meta is not None and meta.error is not None else ""
+            if "AUTHORIZATION" in code:
+                self.add("acl", ERROR, f"DESCRIBE on {what} {topic!r} denied ({code})",
+                         f"grant DESCRIBE, READ and WRITE on topic {topic!r}")
+                continue
+            if meta is None or code or not meta.partitions:
+                self.add("topics", WARNING, f"{what} {topic!r} does not exist yet",
+                         f"it is created on first use (needs CREATE on topic {topic!r}); or "
+                         f"create it yourself" + (" with cleanup.policy=compact"
+                                                  if topic == names.ledger_topic else ""))
+                continue
+            found[topic] = len(meta.partitions)
+            self.add("acl", OK, f"DESCRIBE on {what} {topic!r} allowed")
+            if topic == names.ledger_topic:
+                self._ledger_topic(topic, meta)
+        return found
+
+    def _ledger_topic(self, topic: str, meta: Any) -> None:
+        settings = describe_config(self.admin, "TOPIC", topic, self.target.timeout)
+        if settings is None:
+            self.add("ledger", WARNING, f"cannot read the settings of ledger topic {topic!r}",
+                     f"grant DESCRIBE_CONFIGS on topic {topic!r}")
+            return
+        policy = [p.strip() for p in settings.get("cleanup.policy", "delete").split(",")]
+        if "compact" not in policy:
+            self.add("ledger", ERROR,
+                     f"ledger topic {topic!r} has cleanup.policy={','.join(policy)}: retention "
+                     f"deletes completed runs, which would then run again",
+                     f"kafka-configs --alter --entity-type topics --entity-name {topic} "
+                     f"--add-config cleanup.policy=compact")
+        elif "delete" in policy:
+            self.add("ledger", WARNING, f"ledger topic {topic!r} has cleanup.policy="
+                     f"{','.join(policy)}: retention also deletes completed runs",
+                     f"set cleanup.policy=compact on {topic}")
+        else:
+            self.add("ledger", OK, f"ledger topic {topic!r} is compacted")
+        replicas = min(len(p.replicas) for p in meta.partitions.values())
+        min_isr = int(settings.get("min.insync.replicas", "1"))
+        if replicas < min(3, self.brokers):
+            self.add("ledger", WARNING,
+                     f"ledger topic {topic!r} has replication factor {replicas} on a cluster "
+                     f"of {self.brokers} broker(s): losing a broker can lose the ledger",
+                     "recreate it (while nothing runs) with replication factor 3 and "
+                     "min.insync.replicas=2, or reassign partitions")
+        elif replicas > 1 and min_isr < 2:
+            self.add("ledger", WARNING,
+                     f"ledger topic {topic!r}: min.insync.replicas={min_isr} lets a single "
+                     f"replica acknowledge a claim", f"set min.insync.replicas=2 on {topic}")
+        else:
+            self.add("ledger", OK, f"ledger topic {topic!r}: replication factor {replicas}, "
+                     f"min.insync.replicas {min_isr}")
+        if settings.get("unclean.leader.election.enable", "false") == "true":
+            self.add("ledger", ERROR, f"ledger topic {topic!r} allows unclean leader election:"
+                     f" a failover may drop committed claims",
+                     f"set unclean.leader.election.enable=false on {topic}")
+
+    def group_acl(self, topics: dict[str, int]) -> None:
+        """Tried: describe a role group name, commit an offset for a throwaway group."""
+        ck = _ck()
+        t, names = self.target, self.names
+        probe = names.group_id(f"__neli_doctor_{uuid.uuid4().hex[:8]}")
+        try:
+            description = self.admin.describe_consumer_groups(
+                [probe], request_timeout=t.timeout)[probe].result(timeout=t.timeout + 5)
+            del description
+            self.add("acl", OK, f"DESCRIBE on groups like {probe!r} allowed")
+        except ck.KafkaException as exc:
+            code = _code(exc)
+            if "AUTHORIZATION" in code:
+                self.add("acl", ERROR, f"DESCRIBE on group {probe!r} denied ({code})",
+                         f"grant DESCRIBE and READ on groups with the prefix "
+                         f"{group_prefix(names)!r}")
+                return
+            self.add("acl", WARNING, f"describing group {probe!r} failed: {exc}")
+        if names.leader_topic not in topics:
+            return
+        consumer = ck.Consumer(t.client_config(**{"group.id": probe, "enable.auto.commit": False}))
+        try:
+            consumer.commit(offsets=[ck.TopicPartition(names.leader_topic, 0, 0)],
+                            asynchronous=False)
+            self.add("acl", OK, f"READ on groups like {probe!r} and on topic "
+                     f"{names.leader_topic!r} allowed (offset commit)")
+        except ck.KafkaException as exc:
+            code = _code(exc)
+            fix = (f"grant READ on groups with the prefix {group_prefix(names)!r}"
+                   if "GROUP" in code else f"grant READ on topic {names.leader_topic!r}")
+            self.add("acl", ERROR, f"committing an offset for group {probe!r} failed "
+                     f"({code or exc})", fix)
+            return
+        finally:
+            consumer.close()
+        try:
+            self.admin.delete_consumer_groups([probe], request_timeout=t.timeout)[probe].result(
+                timeout=t.timeout + 5)
+        except Exception:  # noqa: BLE001 - the throwaway group expires with its offsets
+            pass
+
+    def write_acl(self, topics: dict[str, int]) -> None:
+        """Tried: a (non-heartbeat) record to the leader topic; init_transactions and an aborted
+        transaction on the ledger topic with a throwaway transactional id."""
+        ck = _ck()
+        t, names = self.target, self.names
+        if names.leader_topic in topics:
+            producer = ck.Producer(t.client_config(**{"acks": "all", "linger.ms": 0}))
+            errors: list[str] = []
+            producer.produce(names.leader_topic, key=b"__neli_doctor", value=b"{}",
+                             on_delivery=lambda err, msg: errors.append(err.name()) if err
+                             else None)
+            left = producer.flush(t.timeout)
+            if errors or left:
+                self.add("acl", ERROR, f"writing to leader topic {names.leader_topic!r} failed "
+                         f"({errors[0] if errors else 'no answer'})",
+                         f"grant WRITE on topic {names.leader_topic!r}")
+            else:
+                self.add("acl", OK, f"WRITE on leader topic {names.leader_topic!r} allowed")
+        tid = f"{names.transactional_id_prefix}__neli_doctor_{uuid.uuid4().hex[:8]}"
+        producer = ck.Producer(t.client_config(**{
+            "transactional.id": tid, "transaction.timeout.ms": 10000, "linger.ms": 0}))
+        try:
+            producer.init_transactions(t.timeout)
+        except ck.KafkaException as exc:
+            code = _code(exc)
+            if "CLUSTER_AUTHORIZATION" in code:
+                fix = "grant IDEMPOTENT_WRITE on the cluster (or WRITE on the ledger topic)"
+            else:
+                fix = (f"grant WRITE and DESCRIBE on transactional ids with the prefix "
+                       f"{names.transactional_id_prefix!r}")
+            self.add("acl", ERROR, f"init_transactions() with transactional id {tid!r} failed "
+                     f"({code or exc})", fix)
+            return
+        self.add("acl", OK, f"transactional ids with the prefix "
+                 f"{names.transactional_id_prefix!r} allowed (init_transactions, idempotent "
+                 f"write)")
+        if names.ledger_topic not in topics:
+            return
+        errors = []
+        try:
+            producer.begin_transaction()
+            producer.produce(names.ledger_topic, key=b"__neli_doctor", value=None, partition=0,
+                             on_delivery=lambda err, msg: errors.append(err.name()) if err
+                             else None)
+            producer.flush(t.timeout)
+            producer.abort_transaction(t.timeout)
+        except ck.KafkaException as exc:
+            errors.append(_code(exc) or str(exc))
+        if errors:
+            self.add("acl", ERROR, f"a transactional write to ledger topic "
+                     f"{names.ledger_topic!r} failed ({errors[0]})",
+                     f"grant WRITE on topic {names.ledger_topic!r}")
+        else:
+            self.add("acl", OK, f"transactional WRITE on ledger topic {names.ledger_topic!r} "
+                     f"allowed (the probe was aborted)")
+
+    def clock(self) -> None:
+        """Offset of this host's clock from the broker's, from a LogAppendTime record."""
+        ck = _ck()
+        t = self.target
+        topic = f"{self.names.leader_topic}.clock"
+        meta = self.admin.list_topics(topic=topic, timeout=t.timeout).topics.get(topic)
+        if meta is None or meta.error is not None:
+            new = ck.admin.NewTopic(topic, 1, replication_factor=-1, config={
+                "message.timestamp.type": "LogAppendTime", "retention.ms": "3600000",
+                "cleanup.policy": "delete"})
+            try:
+                self.admin.create_topics([new], operation_timeout=t.timeout)[topic].result(
+                    timeout=t.timeout + 5)
+            except ck.KafkaException as exc:
+                if "ALREADY_EXISTS" not in _code(exc):
+                    self.add("clock", WARNING, f"cannot measure the clock offset: creating "
+                             f"{topic!r} failed ({_code(exc) or exc})",
+                             f"create topic {topic!r} with message.timestamp.type="
+                             f"LogAppendTime, or grant CREATE on it")
+                    return
+        producer = ck.Producer(t.client_config(**{"acks": "all", "linger.ms": 0}))
+        samples: list[tuple[float, float]] = []  # (offset, uncertainty)
+        deadline = time.monotonic() + t.timeout
+        for _ in range(5):
+            got: list[Any] = []
+            sent = time.time()
+            producer.produce(topic, value=b"clock", on_delivery=lambda err, msg, got=got:
+                             got.append((err, msg, time.time())))
+            while not got and time.monotonic() < deadline:
+                producer.poll(0.05)
+            if not got or got[0][0] is not None:
+                break
+            _, msg, received = got[0]
+            ts_type, ts = msg.timestamp()
+            if ts_type != ck.TIMESTAMP_LOG_APPEND_TIME:
+                self.add("clock", WARNING, f"topic {topic!r} does not use LogAppendTime; "
+                         f"cannot measure the clock offset",
+                         f"set message.timestamp.type=LogAppendTime on {topic}")
+                return
+            samples.append((ts / 1000 - (sent + received) / 2, (received - sent) / 2))
+        if not samples:
+            self.add("clock", WARNING, f"cannot measure the clock offset: writing to {topic!r}"
+                     f" failed", f"grant WRITE on topic {topic!r}")
+            return
+        offset, error = min(samples, key=lambda s: s[1])  # the tightest round trip
+        r = self.neli.resolved
+        bound = r.clock_error
+        # the broker stamps to the millisecond
+        if abs(offset) - error - 0.001 > bound:
+            self.add("clock", ERROR,
+                     f"this host's clock is {-offset * 1000:+.0f} ms (±{error * 1000:.0f}) off "
+                     f"the broker's, more than clock_error {bound:g} s allows",
+                     "synchronise clocks (chrony/NTP) on every deployment and broker, or "
+                     "raise clock_error and the session timeout with it")
+        else:
+            self.add("clock", OK, f"this host's clock is {-offset * 1000:+.1f} ms "
+                     f"(±{error * 1000:.1f}) off the broker's (allowed: {bound:g} s)")
+
+
+def diagnose(target: Target, neli: NeliConfig) -> list[Finding]:
+    """Run every check against ``target``; the findings, in order."""
+    d = _Doctor(target, neli)
+    if d.reachability():
+        d.kip848()
+        d.timeouts()
+        topics = d.topics()
+        d.group_acl(topics)
+        d.write_acl(topics)
+        d.clock()
+    return d.findings
+
+
+_STYLE = {OK: Text("ok", style="green"), WARNING: Text("warning", style="yellow"),
+          ERROR: Text("error", style="bold red")}
+
+
+@click.command()
+@connection_options
+@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
+              show_default=True, help="timing profile the deployments use")
+@click.option("--group-protocol", type=click.Choice(["classic", "consumer"]), default="classic",
+              show_default=True, help="group protocol the deployments use")
+@click.option("--session-timeout", type=float, default=None,
+              help="session timeout in seconds (default: from the profile)")
+@click.option("--heartbeat-timeout", type=float, default=None,
+              help="NELI heartbeat timeout in seconds (default: a third of the session)")
+@json_option
+def doctor(target: Target, profile: str, group_protocol: str, session_timeout: float | None,
+           heartbeat_timeout: float | None, as_json: bool) -> int:
+    """Check broker, protocol support, timeouts, ACLs (tried), ledger topic and clock."""
+    findings: list[Finding]
+    try:
+        neli = NeliConfig(bootstrap_servers=target.bootstrap_servers, group_id=target.namespace,
+                          topic=target.names.leader_topic, profile=profile,
+                          group_protocol=group_protocol,  # type: ignore[arg-type]
+                          session_timeout=session_timeout, heartbeat_timeout=heartbeat_timeout,
+                          kafka_config={k: v for k, v in target.kafka_config.items()})
+    except ConfigError as exc:
+        findings = [Finding("timeouts", ERROR, str(exc),
+                            "change the named setting as the message says")]
+    else:
+        with progress(f"checking {target.bootstrap_servers} for namespace {target.namespace}"):
+            findings = diagnose(target, neli)
+    errors = sum(f.level == ERROR for f in findings)
+    if as_json:
+        emit({"namespace": target.namespace, "bootstrap_servers": target.bootstrap_servers,
+              "errors": errors, "findings": [asdict(f) for f in findings]})
+    else:
+        table(None, ["check", "result", "finding", "fix"],
+              [(f.check, _STYLE[f.level], f.message, f.fix) for f in findings])
+        stdout.print(f"{errors} error(s), {sum(f.level == WARNING for f in findings)} "
+                     f"warning(s)", highlight=False)
+    return 1 if errors else 0

@@ -1,0 +1,123 @@
+"""`neli-orchestrate status` and `doctor` against a real broker."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from cli_helpers import cli, new_namespace, singleton
+
+pytestmark = pytest.mark.kafka
+
+
+def test_status_names_the_member_and_deployment_that_lead_from_its_heartbeats(
+        kafka_broker) -> None:
+    namespace = new_namespace()
+    holding, release = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def lead() -> None:
+        with singleton(kafka_broker, namespace, "eu-west-1") as west, \
+                west.claim("hourly", "2013-01-01T05") as run:
+            assert run.should_run
+            record = west.status("hourly", "2013-01-01T05")
+            seen["member"] = record.member if record else None
+            holding.set()
+            release.wait(120)
+
+    thread = threading.Thread(target=lead)
+    thread.start()
+    try:
+        assert holding.wait(120), "the leader did not start"
+        out = cli("status", "-b", kafka_broker, "-n", namespace, "--json")
+        assert out.code == 0, out.stderr
+        roles = {r["role"]: r for r in out.json()["roles"]}
+        hourly = roles["hourly"]
+        assert hourly["group"] == f"{namespace}.hourly"
+        assert hourly["protocol"] == "classic" and hourly["state"] == "stable"
+        assert len(hourly["members"]) == 1
+        assert hourly["leader_member"] == seen["member"]
+        assert hourly["leader_deployment"] == "eu-west-1"
+        assert hourly["lag"] is not None and hourly["lag"] >= 0
+        table = cli("status", "-b", kafka_broker, "-n", namespace, "--role", "hourly")
+        assert "eu-west-1" in table.stdout and str(seen["member"]) in table.stdout
+    finally:
+        release.set()
+        thread.join(60)
+    after = cli("status", "-b", kafka_broker, "-n", namespace, "--role", "hourly", "--json")
+    hourly = after.json()["roles"][0]
+    assert hourly["members"] == [] and hourly["leader_member"] is None
+
+
+def test_doctor_passes_on_the_plain_broker_having_tried_every_permission(kafka_broker) -> None:
+    namespace = new_namespace()
+    with singleton(kafka_broker, namespace, "us-east-1") as east, east.claim("daily", "d1"):
+        pass
+    out = cli("doctor", "-b", kafka_broker, "-n", namespace, "--json")
+    assert out.code == 0, out.stdout + out.stderr
+    findings = out.json()["findings"]
+    assert all(f["level"] != "error" for f in findings), findings
+    text = "\n".join(f["message"] for f in findings if f["level"] == "ok")
+    for tried in ("DESCRIBE on leader topic", "DESCRIBE on ledger topic", "DESCRIBE on groups",
+                  "READ on groups", "WRITE on leader topic", "init_transactions",
+                  "transactional WRITE on ledger topic", "is compacted", "KIP-848",
+                  "off the broker's"):
+        assert tried in text, f"{tried!r} missing from {text}"
+    # the probes leave nothing a reader acts on: the ledger lists only the real run
+    runs = cli("ledger", "list", "-b", kafka_broker, "-n", namespace, "--json").json()
+    assert [(r["role"], r["run_key"]) for r in runs["runs"]] == [("daily", "d1")]
+    assert runs["warnings"] == []
+
+
+def test_doctor_fails_on_a_ledger_topic_that_retention_would_empty(kafka_broker,
+                                                                    kafka_admin) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    namespace = new_namespace()
+    topic = f"{namespace}.ledger"
+    kafka_admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "delete"})])[
+        topic].result(timeout=30)
+    out = cli("doctor", "-b", kafka_broker, "-n", namespace)
+    assert out.code == 1
+    assert "cleanup.policy=delete" in out.stdout
+    assert "cleanup.policy=compact" in out.stdout  # the fix
+
+
+def test_doctor_fails_fast_on_an_unreachable_broker_with_the_fix(kafka_broker) -> None:
+    out = cli("doctor", "-b", "127.0.0.1:1", "-n", "acme", "--timeout", "2", "--json",
+              timeout=60)
+    assert out.code == 1
+    [finding] = out.json()["findings"]
+    assert finding["level"] == "error" and "127.0.0.1:1" in finding["message"]
+    assert "security.protocol" in finding["fix"]
+
+
+def test_doctor_rejects_timeouts_that_break_exclusivity(kafka_broker) -> None:
+    out = cli("doctor", "-b", kafka_broker, "-n", "acme", "--session-timeout", "3",
+              "--heartbeat-timeout", "2.9", "--json")
+    assert out.code == 1
+    [finding] = out.json()["findings"]
+    assert "heartbeat_timeout=2.9 s is too long for session_timeout=3 s" in finding["message"]
+
+
+def test_status_and_ledger_on_an_unreachable_broker_end_within_the_timeout() -> None:
+    status = cli("status", "-b", "127.0.0.1:1", "-n", "acme", "--timeout", "2", timeout=60)
+    assert status.code == 1 and "127.0.0.1:1" in status.stderr
+    ledger = cli("ledger", "list", "-b", "127.0.0.1:1", "-n", "acme", "--timeout", "2",
+                 timeout=60)
+    assert ledger.code == 1 and "cannot reach Kafka at 127.0.0.1:1" in ledger.stderr
+
+
+def test_bad_options_name_the_option() -> None:
+    out = cli("ledger", "list", "-n", "acme", "-X", "no-equals-sign")
+    assert out.code == 2 and "-X" in out.stderr and "key=value" in out.stderr
+    out = cli("ledger", "list", "-n", "acme", "-X", "transactional.id=x")
+    assert out.code == 2 and "transactional.id" in out.stderr
+    out = cli("status", "-n", "bad namespace!")
+    assert out.code == 2 and "cannot prefix Kafka topic names" in out.stderr
+
+
+def test_there_is_no_default_namespace(monkeypatch) -> None:
+    monkeypatch.delenv("NELI_NAMESPACE", raising=False)
+    out = cli("ledger", "list")
+    assert out.code == 2 and "--namespace" in out.stderr

@@ -1,0 +1,212 @@
+"""Release hints: a departing leader's nudge to its followers, which must never grant anything.
+
+Two members share one fake cluster; the test plays the group coordinator. A hint makes a
+follower ask the coordinator early (``rejoin``); only an assignment plus the member's own
+heartbeat read back plus an accepted commit make it lead. The last test breaks the rule on
+purpose (a member that trusts hints) and shows that the exclusivity check catches it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from core_fakes import FakeClients, FakeCluster
+
+from neli_orchestrate.core import FakeClock, LeaderEvent, Neli, NeliConfig
+from neli_orchestrate.core.heartbeat import ReleaseHint, decode_heartbeat, decode_hint
+from neli_orchestrate.core.neli import _NUDGE_RETRIES, _NUDGE_RETRY
+
+SETTINGS: dict[str, object] = dict(
+    bootstrap_servers="fake:0", group_id="g", session_timeout=1.0, heartbeat_timeout=0.3,
+    heartbeat_interval=0.05, min_poll_interval=0.01, group_heartbeat_interval=0.05,
+    clock_error=0.05, max_poll_interval=30.0,
+)
+
+
+def member(cluster: FakeCluster, name: str, cls: type[Neli] = Neli,
+           **overrides: object) -> tuple[Neli, list[LeaderEvent]]:
+    events: list[LeaderEvent] = []
+    neli = cls(NeliConfig(**{**SETTINGS, "name": name, **overrides}),  # type: ignore[arg-type]
+               events.append, clock=cluster.clock, kafka=FakeClients(cluster))
+    return neli, events
+
+
+def hints_in(cluster: FakeCluster, partition: int = 0) -> list[ReleaseHint]:
+    found = [decode_hint(r.value) for r in cluster.logs[partition]]
+    return [h for h in found if h is not None]
+
+
+def pair(cls: type[Neli] = Neli) -> tuple[FakeCluster, Neli, Neli]:
+    """Leader A (assigned partition 0, leading) and follower B (assigned nothing)."""
+    cluster = FakeCluster(clock=FakeClock())
+    a, _ = member(cluster, "A")
+    consumer_a = cluster.consumer
+    b, _ = member(cluster, "B", cls)
+    consumer_a.assign(0)
+    assert a.pulse(0.2) and not b.pulse(0.05)
+    return cluster, a, b
+
+
+def consumer_of(cluster: FakeCluster, index: int):  # type: ignore[no-untyped-def]
+    return cluster.consumers[index]
+
+
+# -- the departing leader ------------------------------------------------------------------------
+
+def test_closing_leader_writes_a_release_hint_only_after_its_revoke_barrier() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    barrier_done: list[str] = []
+
+    def barrier(event: LeaderEvent) -> None:
+        barrier_done.append(type(event).__name__)
+
+    a = Neli(NeliConfig(**{**SETTINGS, "name": "A"}), barrier,  # type: ignore[arg-type]
+             clock=cluster.clock, kafka=FakeClients(cluster))
+    cluster.consumer.assign(0)
+    assert a.pulse(0.2)
+    producer = cluster.producer
+    seen_when_sent: list[list[str]] = []
+    send = producer.send
+
+    def spy(partition: int, key: bytes, value: bytes, on_delivery=None) -> None:  # type: ignore[no-untyped-def]
+        if decode_hint(value) is not None:
+            seen_when_sent.append(list(barrier_done))
+        send(partition, key, value, on_delivery)
+
+    producer.send = spy  # type: ignore[method-assign]
+    a.close()
+    assert seen_when_sent == [["LeaderAcquired", "LeaderRevoked"]], \
+        "one hint, written once the barrier had finished with the revocation"
+    assert [h.member for h in hints_in(cluster)] == [a.member_id]
+
+
+def test_a_member_that_held_nothing_writes_no_hint() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    a, _ = member(cluster, "A")
+    a.pulse(0.05)
+    a.close()
+    assert hints_in(cluster) == []
+
+
+def test_hints_can_be_switched_off() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    a, _ = member(cluster, "A", release_hints=False)
+    cluster.consumer.assign(0)
+    assert a.pulse(0.2)
+    a.close()
+    assert hints_in(cluster) == [] and cluster.watchers == []
+
+
+def test_a_hint_is_not_a_heartbeat() -> None:
+    key, value = ReleaseHint(member="A#1", sent_wall=1.0).encode()
+    assert decode_heartbeat(key, value) is None
+    assert decode_hint(value) == ReleaseHint(member="A#1", sent_wall=1.0)
+
+
+# -- the follower --------------------------------------------------------------------------------
+
+def test_follower_watches_exactly_the_role_partitions_it_does_not_own() -> None:
+    cluster = FakeCluster(clock=FakeClock(), partitions=2)
+    b, _ = member(cluster, "B", roles=(0, 1))
+    watcher = cluster.watchers[-1]
+    assert watcher.history[-1] == [0, 1]
+    cluster.consumer.assign(1)
+    b.pulse(0.2)
+    assert watcher.history[-1] == [0]
+    cluster.consumer.revoke(1)
+    b.pulse(0.05)
+    assert watcher.history[-1] == [0, 1]
+
+
+def test_follower_nudges_on_a_hint_and_leads_only_once_assigned() -> None:
+    cluster, a, b = pair()
+    consumer_b = consumer_of(cluster, 1)
+    a.close()
+    assert not b.pulse(0.05)
+    assert consumer_b.rejoins == 1, "the hint made the follower ask for its assignment"
+    assert not b.is_leader, "a hint is not an assignment"
+    consumer_b.assign(0)
+    assert b.pulse(0.2), "assigned and own heartbeat read back: now it leads"
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_follower_retries_its_nudge_a_few_times_if_no_assignment_follows(protocol: str) -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    a, _ = member(cluster, "A", group_protocol=protocol)
+    consumer_a = cluster.consumer
+    b, _ = member(cluster, "B", group_protocol=protocol)
+    consumer_b = cluster.consumer
+    consumer_a.assign(0)
+    assert a.pulse(0.2)
+    b.pulse(0.05)
+    a.close()
+    b.pulse(0.001)
+    assert consumer_b.rejoins == 1
+    for _ in range(20):
+        b.pulse(_NUDGE_RETRY / 5)
+    b.pulse(2.0)
+    assert consumer_b.rejoins == 1 + len(_NUDGE_RETRIES[protocol]) and not b.is_leader
+
+
+def test_a_member_ignores_its_own_hint() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    b, _ = member(cluster, "B")
+    key, value = ReleaseHint(member=b.member_id, sent_wall=0.0).encode()
+    b.pulse(0.01)
+    cluster.append(0, key, value)
+    b.pulse(0.05)
+    assert cluster.consumer.rejoins == 0
+
+
+# -- exclusivity: a hint grants nothing -----------------------------------------------------------
+
+def forged_hints_grant_nothing(cls: type[Neli]) -> None:
+    """While A leads, forged hints (any sender, A's own id included) reach follower B.
+
+    B may nudge, but must never lead while A still owns the partition, and A keeps leading.
+    """
+    cluster, a, b = pair(cls)
+    for sender in ("mallory", a.member_id, b.member_id + "x"):
+        key, value = ReleaseHint(member=sender, sent_wall=0.0).encode()
+        cluster.append(0, key, value)
+        for _ in range(20):  # 1 s of fake time, both members pulsing in turn
+            a.pulse(0.025)
+            b.pulse(0.025)
+            assert not (a.is_leader and b.is_leader), f"two leaders after a hint from {sender}"
+            assert not b.is_leader, f"follower leads on a hint from {sender} alone"
+        assert a.is_leader, "a forged hint must not disturb the leader"
+    assert consumer_of(cluster, 1).rejoins >= 1, "the follower did read the hints"
+
+
+def test_forged_or_early_hints_never_make_a_follower_lead() -> None:
+    forged_hints_grant_nothing(Neli)
+
+
+def test_a_hint_on_an_owned_partition_is_no_evidence() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    a, events = member(cluster, "A")
+    cluster.produce_blocked = True           # A's own heartbeats never arrive
+    cluster.consumer.assign(0)
+    a.pulse(0.05)
+    key, value = ReleaseHint(member=a.member_id, sent_wall=0.0).encode()
+    cluster.append(0, key, value)
+    for _ in range(10):
+        assert not a.pulse(0.05)
+    assert events == []
+
+
+class TrustingHints(Neli):
+    """Deliberately broken: treats a release hint as the leader's word that it may take over."""
+
+    def _on_hint(self, partition, hint, now):  # type: ignore[no-untyped-def]
+        super()._on_hint(partition, hint, now)
+        self._state.assign([partition], now)        # "the partition is mine now"
+        beat = self._state.heartbeat_for(partition, now, self._clock.time())
+        self._state.counters["own_heartbeats"] += 1
+        self._state.partition(partition).evidence = beat.sent_at  # type: ignore[union-attr]
+        self._state.commit_issued({partition: 0}, now)
+        self._state.commit_done({partition: 0}, None)
+
+
+def test_the_exclusivity_check_catches_a_member_that_trusts_hints() -> None:
+    with pytest.raises(AssertionError, match="two leaders|leads on a hint"):
+        forged_hints_grant_nothing(TrustingHints)

@@ -1,0 +1,124 @@
+"""One namespace, one derivation: plain Python, the Airflow hook and the Dagster resource agree.
+
+The unit tests compare every derived name; the real-broker test shows two deployments started
+through different front doors share the role's group (one leads, the other sees a member) and
+the ledger (one completes, the other skips).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from neli_orchestrate import NeliConfig, Outcome, Singleton, SingletonConfig
+from neli_orchestrate.core.namespace import derive
+from neli_orchestrate.errors import ConfigError
+
+
+def plain(bootstrap: str, namespace: str | None, deployment: str,
+          **neli: object) -> SingletonConfig:
+    return SingletonConfig(neli=NeliConfig(bootstrap_servers=bootstrap, **neli),  # type: ignore[arg-type]
+                           namespace=namespace, deployment=deployment)
+
+
+def hooked(bootstrap: str, namespace: str | None, deployment: str,
+           **extra: object) -> SingletonConfig:
+    from airflow.sdk import Connection
+
+    from neli_orchestrate.airflow.hooks.neli import NeliHook
+
+    extras = {"deployment": deployment, **extra}
+    if namespace is not None:
+        extras["namespace"] = namespace
+    conn = Connection(conn_id="neli_x", conn_type="neli", host=bootstrap, extra=json.dumps(extras))
+    return NeliHook("neli_x", connection=conn).singleton_config()
+
+
+def resourced(bootstrap: str, namespace: str, deployment: str, **fields: object) -> SingletonConfig:
+    from neli_orchestrate.dagster import NeliResource
+
+    return NeliResource(bootstrap_servers=bootstrap, namespace=namespace, deployment=deployment,
+                        **fields).singleton_config()  # type: ignore[arg-type]
+
+
+def names(config: SingletonConfig, role: str) -> tuple[str, str, str, str]:
+    group = config.role_neli(role).resolved
+    ledger = config.ledger_config()
+    return (group.group_id, group.topic, ledger.topic, ledger.transactional_id("x"))
+
+
+def test_derive_names_every_kafka_resource_of_a_namespace() -> None:
+    n = derive("acme")
+    assert (n.group_id("daily"), n.leader_topic, n.ledger_topic, n.transactional_id_prefix) == (
+        "acme.daily", "acme.neli", "acme.ledger", "acme.ledger:")
+    assert derive("acme", ledger_topic="legacy.ledger").ledger_topic == "legacy.ledger"
+
+
+@pytest.mark.parametrize("bad", [None, "", "  ", "a b", "x/y", "."])
+def test_derive_refuses_a_missing_or_illegal_namespace(bad: object) -> None:
+    with pytest.raises(ConfigError, match="namespace"):
+        derive(bad)
+
+
+def test_the_three_front_doors_derive_the_same_names() -> None:
+    a = plain("k:9092", "acme", "us-east-1")
+    b = hooked("k:9092", "acme", "eu-west-1")
+    c = resourced("k:9092", "acme", "ap-south-1")
+    assert names(a, "daily") == names(b, "daily") == names(c, "daily") == (
+        "acme.daily", "acme.neli", "acme.ledger", "acme.ledger:x")
+
+
+def test_no_front_door_starts_without_a_namespace(monkeypatch) -> None:
+    monkeypatch.delenv("AIRFLOW__NELI__NAMESPACE", raising=False)
+    with pytest.raises(ConfigError, match="no namespace"):
+        plain("k:9092", None, "us-east-1")
+    with pytest.raises(ConfigError, match="no namespace"):
+        hooked("k:9092", None, "us-east-1")
+    with pytest.raises(ConfigError, match="no namespace"):
+        resourced("k:9092", "", "us-east-1")
+
+
+def test_a_group_id_set_beside_the_namespace_is_refused() -> None:
+    # The old spelling made plain Python's groups differ from the integrations' ones.
+    with pytest.raises(ConfigError, match="leave NeliConfig.group_id unset"):
+        plain("k:9092", "acme", "us-east-1", group_id="acme")
+
+
+@pytest.mark.kafka
+def test_deployments_through_different_front_doors_share_group_and_ledger(
+        kafka_broker: str) -> None:
+    ns = f"fd{uuid.uuid4().hex[:8]}"
+    timing = {"profile": "fast", "session_timeout": 6.0, "heartbeat_timeout": 2.0}
+    east = Singleton(plain(kafka_broker, ns, "us-east-1", **timing))
+    west = Singleton(hooked(kafka_broker, ns, "eu-west-1", **timing))
+    south = Singleton(resourced(kafka_broker, ns, "ap-south-1", **timing))
+    try:
+        # Shared group: while the plain deployment's member leads, the hook's deployment sees
+        # it in the role's group (and would not join; see the busy-group rule).
+        from neli_orchestrate.core import Neli
+
+        member = Neli(east.config.role_neli("daily"))
+        try:
+            deadline = time.monotonic() + 30
+            while not member.pulse(0.05):
+                assert time.monotonic() < deadline, "the only member never led"
+            assert west.role_members("daily") == 1
+            assert south.role_members("daily") == 1
+        finally:
+            member.close()
+
+        # Shared ledger: what the Dagster-configured deployment completes, the others skip.
+        with south.claim("daily", "2013-01-05") as run:
+            assert run.should_run
+            token = run.token
+        for other in (east, west):
+            with other.claim("daily", "2013-01-05") as seen:
+                assert seen.outcome is Outcome.SKIP_DONE, seen
+                assert seen.record is not None and seen.record.token == token
+                assert seen.record.deployment == "ap-south-1"
+    finally:
+        for singleton in (east, west, south):
+            singleton.close()
