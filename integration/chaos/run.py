@@ -196,7 +196,7 @@ def ledger_leader_kill(trial: Trial) -> Fault | None:
     if not hasattr(cluster, "leader_of"):
         raise RuntimeError("ledger-leader-kill needs --kafka-nodes 3")
     span = world.wait_mid_job([trial.date])
-    node = cluster.leader_of(f"{world.namespace}.ledger", 0)
+    node = cluster.leader_of(world.ledger_topic, 0)
     at = time.time()
     cluster.kill(node)
     trial.after.append(lambda: cluster.restart(node))
@@ -230,31 +230,32 @@ class _quiet:
 # -- broken variants: the suite must catch them ------------------------------------------------
 
 BROKEN = {
-    # The Spark task ignores fences: the watchdog's "leadership lost" does nothing, so a
-    # frozen-then-resumed region runs its job on beside the new owner's.
+    # The fenced execution ignores fences: the watchdog's "leadership lost" is only logged, so
+    # a frozen-then-resumed region runs its job on beside the new owner's.
     "no-fence": (
-        "daily_performance = FencedSparkSubmitOperator(",
-        "class _NoFence(FencedSparkSubmitOperator):\n"
-        "    def _on_fence(self, reason):  # BROKEN ON PURPOSE (chaos suite)\n"
-        "        self.log.warning('fence ignored: %s', reason)\n\n\n"
-        "daily_performance = _NoFence(",
+        "from neli_orchestrate.airflow.operators import fenced as _fenced",
+        "_fenced._FencedExecution._on_fence",
+        "\n\n# BROKEN ON PURPOSE (python -m integration.chaos --broken no-fence)\n"
+        "from neli_orchestrate.airflow.operators import fenced as _fenced  # noqa: E402\n\n"
+        "_fenced._FencedExecution._on_fence = (\n"
+        "    lambda self, reason: self.task.log.warning('fence ignored: %s', reason)\n"
+        ")\n",
     ),
 }
 
 
 def broken_dags(variant: str, into: Path) -> Path:
-    """A copy of the repository's dags/ with ``variant`` patched into the example DAG."""
-    old, new = BROKEN[variant]
+    """A copy of the repository's dags/ whose example DAG file applies ``variant`` on import."""
+    module, attribute, patch = BROKEN[variant]
+    namespace: dict[str, Any] = {}
+    exec(module, namespace)  # noqa: S102 - our own constant: check the patched name exists
+    owner, _, name = attribute.rpartition(".")
+    if not hasattr(eval(owner, namespace), name):  # noqa: S307 - our own constant
+        raise SystemExit(f"cannot apply broken variant {variant!r}: {attribute} is gone")
     target = into / f"dags-{variant}"
     shutil.copytree(REPO / "dags", target, ignore=shutil.ignore_patterns("__pycache__"))
     dag = target / "nycflights_daily.py"
-    text = dag.read_text()
-    if old not in text:
-        raise SystemExit(f"cannot apply broken variant {variant!r}: {old!r} not in {dag}")
-    # the class must exist before the `with DAG` block uses it
-    head, _, rest = text.partition("with DAG(")
-    cls, _, _ = new.partition("daily_performance = ")
-    dag.write_text(head + cls + "with DAG(" + rest.replace(old, "daily_performance = _NoFence("))
+    dag.write_text(dag.read_text() + patch)
     return target
 
 

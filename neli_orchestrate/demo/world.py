@@ -266,8 +266,14 @@ class World:
                     found.append((name, date, at))
         return found
 
+    @property
+    def ledger_topic(self) -> str:
+        from neli_orchestrate.core.namespace import derive
+
+        return derive(self.namespace).ledger_topic
+
     def history(self) -> list[Any]:
-        return ledger_history(self.bootstrap, f"{self.namespace}.ledger")
+        return ledger_history(self.bootstrap, self.ledger_topic)
 
     def sink_token(self, date: str) -> int | None:
         from neli_orchestrate.spark import TokenCommitGuard
