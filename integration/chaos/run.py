@@ -48,6 +48,7 @@ from neli_orchestrate.demo.world import (
     Settings,
     World,
     is_fence,
+    log_to_file,
     run_key_of,
     task_pids,
 )
@@ -384,8 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("broker-restart restarts the suite's own broker: drop --bootstrap")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="neli-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, filename=workdir / "chaos.log",
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    log_to_file(workdir / "chaos.log")
     out = args.out / (f"broken-{args.broken}" if args.broken else "latest")
     out.mkdir(parents=True, exist_ok=True)
     dags = broken_dags(args.broken, workdir) if args.broken else REPO / "dags"

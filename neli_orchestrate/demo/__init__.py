@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import shutil
 import tempfile
 import threading
@@ -57,13 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; return 0 when every date ran exactly once (duplicates = lost = 0)."""
     from rich.console import Console
 
-    from neli_orchestrate.demo.world import Settings, World
+    from neli_orchestrate.demo.world import Settings, World, log_to_file
 
     args = _parser().parse_args(argv)
     console = Console()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="neli-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    _log_to_file(workdir / "demo.log")
+    log_to_file(workdir / "demo.log")
     began = time.monotonic()
     world: World | None = None
     try:
@@ -108,20 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 world.stop()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _log_to_file(path: Path) -> None:
-    """Send every log record (ours, librdkafka's, Airflow's) to ``path``; the console shows
-    only the demo's own progress."""
-    import airflow.sdk  # noqa: F401 - Airflow configures logging on import: let it, then replace
-
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
 
 
 def _run(world, console, *, kill: bool, timeout: float):  # type: ignore[no-untyped-def]

@@ -109,7 +109,7 @@ class World:
             self.kafka = LocalKafkaCluster(
                 self.settings.kafka_nodes, workdir=self.workdir / "kafka",
                 properties=self.settings.kafka_properties,
-            ).start()
+            ).start(timeout=self.settings.start_timeout)
             self.bootstrap = self.kafka.bootstrap_servers
         elif not self.bootstrap:
             from neli_orchestrate.testing.local_kafka import LocalKafka
@@ -117,7 +117,7 @@ class World:
             progress("starting Kafka (KRaft, one node on loopback)")
             self.kafka = LocalKafka(
                 workdir=self.workdir / "kafka", properties=self.settings.kafka_properties
-            ).start()
+            ).start(timeout=self.settings.start_timeout)
             self.bootstrap = self.kafka.bootstrap_servers
         progress("warming up the broker's group and transaction coordinators")
         self._warm_up()
@@ -347,6 +347,20 @@ class World:
         return self.observer.fault(
             Fault(kind, span.region, span.date, at, pids, detail=f"task pid {task_pid}")
         )
+
+
+def log_to_file(path: Path) -> None:
+    """Send every log record (ours, librdkafka's, Airflow's) to ``path``; the console shows
+    only the demo's own progress."""
+    import airflow.sdk  # noqa: F401 - Airflow configures logging on import: let it, then replace
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 def task_pids(region: AirflowRegion, run_id: str, task_id: str) -> list[int]:

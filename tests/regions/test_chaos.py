@@ -20,12 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(1500)
 def test_kill_9_mid_job_is_taken_over_without_duplicates_or_loss(
-    kafka_broker: str, tmp_path: Path
+    patient_broker: str, tmp_path: Path
 ) -> None:
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     result = subprocess.run(
         [sys.executable, "-m", "integration.chaos", "--scenario", "kill-mid-job",
-         "--trials", "1", "--bootstrap", kafka_broker, "--out", str(tmp_path / "results"),
+         "--trials", "1", "--bootstrap", patient_broker, "--out", str(tmp_path / "results"),
          "--workdir", str(tmp_path / "work")],
         cwd=REPO, env={**os.environ, "PYTHONPATH": path},
         capture_output=True, text=True, timeout=1400,

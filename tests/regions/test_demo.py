@@ -25,13 +25,13 @@ DATES = ("2013-01-01", "2013-01-02", "2013-01-03")
 
 @pytest.mark.timeout(1500)
 def test_demo_runs_each_date_once_through_a_kill_and_draws_the_timeline(
-    kafka_broker: str, tmp_path: Path
+    patient_broker: str, tmp_path: Path
 ) -> None:
     # (the demo warms the broker's coordinators up itself)
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
     result = subprocess.run(
-        [sys.executable, "-m", "neli_orchestrate.demo", "--bootstrap", kafka_broker,
+        [sys.executable, "-m", "neli_orchestrate.demo", "--bootstrap", patient_broker,
          "--workdir", str(tmp_path / "work"), "--output-dir", str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1400,
     )
@@ -48,7 +48,7 @@ def test_demo_runs_each_date_once_through_a_kill_and_draws_the_timeline(
     assert killed["takeovers"] >= 1, killed
 
     # From the ledger itself: each date COMPLETED exactly once, under the published token.
-    history = ledger_history(kafka_broker, report["ledger_topic"])
+    history = ledger_history(patient_broker, report["ledger_topic"])
     completed = Counter(r.run_key for r in history if str(r.state) == "COMPLETED")
     keys = [f"nycflights_daily/{d}T00:00:00+00:00" for d in DATES]
     assert [completed[k] for k in keys] == [1, 1, 1], completed

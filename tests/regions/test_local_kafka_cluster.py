@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -18,7 +19,9 @@ def test_cluster_replicates_three_ways_and_survives_its_partition_leader_kill_9(
     from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
     with LocalKafkaCluster() as cluster:
-        admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+        quiet = {"bootstrap.servers": cluster.bootstrap_servers,
+                 "logger": logging.getLogger("test.librdkafka")}
+        admin = AdminClient(quiet)
         topic = f"ledger-{uuid.uuid4().hex[:8]}"
         # replication factor -1: the broker default, as the ledger and leader topics do
         admin.create_topics([NewTopic(topic, 1, -1)])[topic].result(30)
@@ -35,8 +38,7 @@ def test_cluster_replicates_three_ways_and_survives_its_partition_leader_kill_9(
 
         leader = cluster.leader_of(topic)
         cluster.kill(leader)
-        producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
-                             "message.timeout.ms": 60000})
+        producer = Producer({**quiet, "acks": "all", "message.timeout.ms": 60000})
         producer.produce(topic, b"after the kill")
         assert producer.flush(90) == 0
         deadline = time.monotonic() + 60
