@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from neli_orchestrate.demo.regions import MARKER_ENV, AirflowRegion
@@ -79,6 +81,7 @@ class Observer(threading.Thread):
     ) -> None:
         super().__init__(name="neli-observer", daemon=True)
         self.by_marker = {r.marker: r.name for r in regions}
+        self.by_home = {str(Path(r.home).resolve()): r.name for r in regions}
         self.bootstrap_servers = bootstrap_servers
         self.groups = dict(groups)  # date -> consumer group of its role
         self.interval = interval
@@ -151,11 +154,27 @@ class Observer(threading.Thread):
             import psutil
 
             try:
-                marker = psutil.Process(pid).environ().get(MARKER_ENV)
+                region = self._region_of(psutil.Process(pid))
             except (psutil.Error, OSError):
                 return None  # gone before we looked: try again next time (never cached)
-            self._pid_region[pid] = self.by_marker.get(marker or "")
+            self._pid_region[pid] = region
         return self._pid_region[pid]
+
+    def _region_of(self, proc: Any) -> str | None:
+        # The harness marker is in the environment of every process a region starts, but
+        # Airflow's task processes set their title over it; they run in the region's home.
+        for _ in range(4):
+            marker = proc.environ().get(MARKER_ENV)
+            if marker in self.by_marker:
+                return self.by_marker[marker]
+            cwd = proc.cwd()
+            for home, name in self.by_home.items():
+                if cwd == home or cwd.startswith(home + os.sep):
+                    return name
+            proc = proc.parent()
+            if proc is None:
+                return None
+        return None
 
     def _poll_jvms(self) -> None:
         import psutil

@@ -394,11 +394,17 @@ class AirflowRegion:
         import psutil
 
         leftovers = []
+        home = str(self.home.resolve())
         for proc in psutil.process_iter(["pid"]):
             if proc.pid == os.getpid():
                 continue
             try:
-                if proc.environ().get(MARKER_ENV) == self.marker:
+                # LocalExecutor workers set their process title over their environment: the
+                # marker is gone there, but they run in the region's home.
+                cwd = proc.cwd()
+                if proc.environ().get(MARKER_ENV) == self.marker or (
+                    cwd == home or cwd.startswith(home + os.sep)
+                ):
                     leftovers.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
