@@ -11,6 +11,8 @@ Fixtures:
 - ``secured_kafka`` (session): a :class:`~neli_orchestrate.testing.secured_kafka.SecuredLocalKafka`
   (SASL/SCRAM, StandardAuthorizer, ACLs), started on first request only, so tests that do not
   ask for it pay nothing. It fails, never skips, when the broker cannot start.
+- ``secured_kafka_tls`` (session): the same over ``SASL_SSL``, its certificate signed by a CA
+  generated per broker (``secured_kafka_tls.ca_location``).
 
 Markers registered here: ``kafka``, ``spark``, ``airflow``, ``dagster`` (tests that need the
 named real component).
@@ -152,6 +154,23 @@ def secured_kafka():  # type: ignore[no-untyped-def]
     except LocalKafkaError as exc:
         kafka.stop()
         pytest.fail(f"secured Kafka broker could not start: {exc}", pytrace=False)
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka_tls():  # type: ignore[no-untyped-def]
+    """Like ``secured_kafka``, over SASL_SSL with a generated CA (``.ca_location``)."""
+    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
+
+    kafka = SecuredLocalKafka(tls=True)
+    try:
+        kafka.start(timeout=180.0)
+    except LocalKafkaError as exc:
+        kafka.stop()
+        pytest.fail(f"secured TLS Kafka broker could not start: {exc}", pytrace=False)
     try:
         yield kafka
     finally:
