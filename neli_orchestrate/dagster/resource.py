@@ -91,8 +91,9 @@ class NeliResource(dg.ConfigurableResource):
     )
     group_protocol: str | None = Field(
         default=None,
-        description="Kafka group protocol of the roles' consumer groups: 'consumer' (KIP-848) "
-        "or 'classic'; None: the package default. Must be the same in every deployment.",
+        description="Kafka group protocol of the roles' consumer groups: None or 'auto' "
+        "(KIP-848 when the broker supports it and accepts the session timeout, else classic; "
+        "the choice is logged), 'consumer' (KIP-848) or 'classic'.",
     )
     handoff_timeout: float = Field(
         default=300.0,
