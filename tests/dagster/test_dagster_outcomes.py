@@ -411,30 +411,27 @@ def test_reset_run_key_is_computed_again_in_the_one_deployment_that_runs_it() ->
 
 def test_step_does_not_join_a_busy_role_group_while_it_waits() -> None:
     # The busy-group rule (Singleton): while another deployment's member leads or waits for
-    # the role, the step waits without joining, so the leader sees no join/leave churn.
-    WORLD.busy_groups.add("acme.daily")
+    # the role, the step waits without joining, so the leader sees no join/leave churn. The
+    # group stays busy for the step's first three looks, then empties.
+    looks: list[int] = []
+
+    def membership(group: str) -> int:
+        looks.append(len(WORLD.members))  # members this process created so far
+        return 1 if len(looks) <= 3 else 0
+
+    WORLD.membership = membership  # type: ignore[method-assign]
     ran: list[int] = []
-    members_while_busy: list[int] = []
 
     @singleton_asset(partitions_def=DAYS)
     def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
         ran.append(int(run.token))
         return 1
 
-    def release() -> None:
-        members_while_busy.append(len(WORLD.members))
-        WORLD.busy_groups.clear()
-
-    timer = threading.Timer(0.5, release)
-    timer.start()
-    try:
-        result = _materialize(daily, neli(wait_timeout=30.0, wait_retries=0))
-    finally:
-        timer.cancel()
+    result = _materialize(daily, neli(wait_timeout=30.0, wait_retries=0))
     assert result.success and len(ran) == 1
-    assert members_while_busy == [0], "the step joined the group while it was busy"
+    assert looks[:4] == [0, 0, 0, 0], "the step joined the group while it was busy"
     waits = [m for m in _log_messages(result, logging.INFO) if "neli: waiting for" in m]
-    assert waits and all("busy" in m for m in waits), waits
+    assert len(waits) == 3 and all("busy" in m for m in waits), waits
 
 
 def test_fence_while_claiming_logs_it_and_fails_the_try_before_any_work() -> None:
