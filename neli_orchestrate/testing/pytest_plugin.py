@@ -26,6 +26,7 @@ import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 
@@ -88,8 +89,9 @@ def _release_capture_streams() -> None:
 def _check_reachable(bootstrap: str) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000,
-                         "logger": _librdkafka_log})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000,
+                            "logger": _librdkafka_log}
+    admin = AdminClient(conf)
     try:
         admin.list_topics(timeout=10)
     except Exception as exc:  # noqa: BLE001
@@ -124,7 +126,8 @@ def kafka_admin(kafka_broker: str):  # type: ignore[no-untyped-def]
     """An AdminClient connected to ``kafka_broker``."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": kafka_broker, "logger": _librdkafka_log})
+    conf: dict[str, Any] = {"bootstrap.servers": kafka_broker, "logger": _librdkafka_log}
+    return AdminClient(conf)
 
 
 @pytest.fixture
