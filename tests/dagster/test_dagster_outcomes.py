@@ -435,3 +435,42 @@ def test_step_does_not_join_a_busy_role_group_while_it_waits() -> None:
     assert members_while_busy == [0], "the step joined the group while it was busy"
     waits = [m for m in _log_messages(result, logging.INFO) if "neli: waiting for" in m]
     assert waits and all("busy" in m for m in waits), waits
+
+
+def test_fence_while_claiming_logs_it_and_fails_the_try_before_any_work() -> None:
+    # The member loses the role right after its RUNNING record is written, before the work.
+    ledger_begin = WORLD.ledger.begin
+
+    def begin(role: str) -> Any:
+        writer = ledger_begin(role)
+        write = writer.write
+
+        def write_then_lose_the_role(record: Any) -> None:
+            write(record)
+            if record.state is RunState.RUNNING:
+                member = WORLD.members[-1]
+                member.fence()
+                deadline = time.monotonic() + 10
+                while member.is_leader and time.monotonic() < deadline:
+                    time.sleep(0.01)
+
+        writer.write = write_then_lose_the_role
+        return writer
+
+    WORLD.ledger.begin = begin  # type: ignore[method-assign]
+    ran: list[int] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        ran.append(1)
+        return 1
+
+    result = _materialize(daily, neli())
+    [failure] = _events(result, "STEP_FAILURE")
+    data = failure.step_failure_data
+    assert data.error.cls_name == "Failure"
+    assert "before any work ran" in data.user_failure_data.description
+    assert data.user_failure_data.metadata["role"].value == "daily"
+    assert ran == []
+    assert [m for m in _log_messages(result, logging.ERROR) if "while claiming" in m]
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING]
