@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 
 from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
+from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
 
 BOOTSTRAP_ENV = "NELI_TEST_BOOTSTRAP_SERVERS"
 
@@ -107,10 +108,8 @@ def new_topic(kafka_admin, request: pytest.FixtureRequest) -> NewTopicFactory:  
 
 
 @pytest.fixture(scope="session")
-def secured_kafka():  # type: ignore[no-untyped-def]
+def secured_kafka() -> Iterator[SecuredLocalKafka]:
     """A broker that authenticates (SASL/SCRAM) and authorizes (ACLs); started lazily."""
-    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
-
     kafka = SecuredLocalKafka()
     try:
         kafka.start(timeout=180.0)  # SCRAM set-up adds work; shared CI machines are slow
@@ -124,10 +123,8 @@ def secured_kafka():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def secured_kafka_tls():  # type: ignore[no-untyped-def]
+def secured_kafka_tls() -> Iterator[SecuredLocalKafka]:
     """Like ``secured_kafka``, over SASL_SSL with a generated CA (``.ca_location``)."""
-    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
-
     kafka = SecuredLocalKafka(tls=True)
     try:
         kafka.start(timeout=180.0)
