@@ -112,7 +112,7 @@ def secured_kafka() -> Iterator[SecuredLocalKafka]:
     """A broker that authenticates (SASL/SCRAM) and authorizes (ACLs); started lazily."""
     kafka = SecuredLocalKafka()
     try:
-        kafka.start(timeout=180.0)  # SCRAM set-up adds work; shared CI machines are slow
+        kafka.start(timeout=300.0)  # SCRAM set-up adds work; shared CI machines are slow
     except LocalKafkaError as exc:
         kafka.stop()
         pytest.fail(f"secured Kafka broker could not start: {exc}", pytrace=False)
@@ -127,7 +127,7 @@ def secured_kafka_tls() -> Iterator[SecuredLocalKafka]:
     """Like ``secured_kafka``, over SASL_SSL with a generated CA (``.ca_location``)."""
     kafka = SecuredLocalKafka(tls=True)
     try:
-        kafka.start(timeout=180.0)
+        kafka.start(timeout=300.0)
     except LocalKafkaError as exc:
         kafka.stop()
         pytest.fail(f"secured TLS Kafka broker could not start: {exc}", pytrace=False)
