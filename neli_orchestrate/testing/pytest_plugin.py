@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
+from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
 
 BOOTSTRAP_ENV = "NELI_TEST_BOOTSTRAP_SERVERS"
 
@@ -147,13 +148,11 @@ def new_topic(kafka_admin, request: pytest.FixtureRequest) -> NewTopicFactory:  
 
 
 @pytest.fixture(scope="session")
-def secured_kafka():  # type: ignore[no-untyped-def]
+def secured_kafka() -> Iterator[SecuredLocalKafka]:
     """A broker that authenticates (SASL/SCRAM) and authorizes (ACLs); started lazily."""
-    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
-
     kafka = SecuredLocalKafka()
     try:
-        kafka.start(timeout=180.0)  # SCRAM set-up adds work; shared CI machines are slow
+        kafka.start(timeout=300.0)  # SCRAM set-up adds work; shared CI machines are slow
     except LocalKafkaError as exc:
         kafka.stop()
         pytest.fail(f"secured Kafka broker could not start: {exc}", pytrace=False)
@@ -164,13 +163,11 @@ def secured_kafka():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def secured_kafka_tls():  # type: ignore[no-untyped-def]
+def secured_kafka_tls() -> Iterator[SecuredLocalKafka]:
     """Like ``secured_kafka``, over SASL_SSL with a generated CA (``.ca_location``)."""
-    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
-
     kafka = SecuredLocalKafka(tls=True)
     try:
-        kafka.start(timeout=180.0)
+        kafka.start(timeout=300.0)
     except LocalKafkaError as exc:
         kafka.stop()
         pytest.fail(f"secured TLS Kafka broker could not start: {exc}", pytrace=False)
