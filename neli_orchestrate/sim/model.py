@@ -1131,8 +1131,8 @@ class Simulation:
             if dep.down:
                 continue
             for role, run_key in self.run_keys:
-                key = (dep.name, role, run_key)
-                if not self.done.get(key) and not self.exhausted.get(key):
+                run = (dep.name, role, run_key)
+                if not self.done.get(run) and not self.exhausted.get(run):
                     # Its tries never ran out and it can reach Kafka, yet it never finished.
                     self.fail(
                         "L1",

@@ -200,7 +200,8 @@ class SecuredLocalKafka(LocalKafka):
                 ["x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
                  "-CAcreateserial", "-out", "broker.crt", "-days", "2",
                  "-extfile", "san.ext"],
-                ["pkcs8", "-topk8", "-v2", "aes-256-cbc", "-in", "broker.key",
+                # Java's PEM reader (Kafka's PEM keystore) cannot decrypt PBES2 keys
+                ["pkcs8", "-topk8", "-v1", "PBE-SHA1-3DES", "-in", "broker.key",
                  "-out", "broker.enc.key", "-passout", "env:NELI_TLS_KEY_PASSWORD"],
             ]
             for step in steps:

@@ -129,9 +129,16 @@ def gated_job() -> None:
 
 
 class TestSpark(dg.ConfigurableResource):
-    """A small local SparkSession per step process."""
+    """A small local SparkSession per step process, started before the step claims its run.
+
+    Starting the JVM is the heaviest thing a step does; on a loaded two-core machine doing it
+    while holding the role starved the NELI member into fencing itself before any work ran.
+    """
 
     _session: Any = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self.session()
 
     def session(self) -> Any:
         if self._session is None:
