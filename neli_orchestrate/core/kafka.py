@@ -389,9 +389,6 @@ class _ConfluentConsumer:
         self._topic = topic
         self._listener: RebalanceListener | None = None
         self._classic = settings.get("group.protocol", "classic") == "classic"
-        # the same topic, spelt as an anchored regex (librdkafka: '^' starts a regex)
-        self._alias = "^" + topic.replace(".", "[.]") + "$"
-        self._aliased = False
         conf = dict(settings)
         conf["on_commit"] = self._on_commit
         self._consumer = Consumer(conf)
@@ -405,15 +402,12 @@ class _ConfluentConsumer:
                                  on_lost=self._on_lost)
 
     def rejoin(self) -> None:
-        if not self._classic:
-            # KIP-848: a subscribe call makes librdkafka send its next heartbeat at once
-            self._subscribe([self._topic])
+        if self._classic:
+            # Never touch a classic group's subscription to hurry it: changing it while a join
+            # is in flight aborts librdkafka (rd_kafka_cgrp_modify_subscription assertion).
             return
-        # Classic: librdkafka ignores a subscribe with an unchanged topic list, but rejoins at
-        # once when the list changes. Alternate between two spellings of the same topic: the
-        # member subscribes to exactly one topic either way, only the JoinGroup is sent now.
-        self._aliased = not self._aliased
-        self._subscribe([self._topic, self._alias] if self._aliased else [self._topic])
+        # KIP-848: a subscribe call makes librdkafka send its next heartbeat at once
+        self._subscribe([self._topic])
 
     def _tps(self, partitions: Sequence[int], starts: Mapping[int, int] | None = None) -> list[Any]:
         from confluent_kafka import OFFSET_INVALID, TopicPartition

@@ -88,8 +88,8 @@ _MAX_PENDING = 1024     # own heartbeats awaiting read-back, per partition
 # before its LeaveGroup, so it can overtake the leave: a KIP-848 heartbeat that arrives first
 # brings nothing new (retry soon); a classic rejoin starts a rebalance that the leave then
 # completes (one retry, late, in case the rejoin itself was lost).
-_NUDGE_RETRIES = {"consumer": (0.03, 0.1, 0.25), "classic": (0.25,)}
-_NUDGE_RETRY = 0.25   # the last retry of either protocol
+_NUDGE_RETRIES = (0.03, 0.1, 0.25)  # KIP-848 only: classic groups get no hints
+_NUDGE_RETRY = _NUDGE_RETRIES[-1]
 _BURST_STEP = 0.05    # KIP-848: nudge spacing around a silent leader's session deadline
 _HINT_FLUSH = 0.5       # how long close() waits for its release hints to be written
 
@@ -266,8 +266,12 @@ class Neli:
         try:
             self._producer = clients.producer(producer_settings(r), r.topic)
             self._consumer = clients.consumer(consumer_settings(r), r.topic)
-            if r.release_hints:
-                # positioned at the first pulse: nothing is read before, and start stays short
+            if r.release_hints and r.group_protocol == "consumer":
+                # Classic groups get no hint watcher: the only way to make librdkafka rejoin a
+                # classic group at once is to change the subscription, and doing that while a
+                # join is in flight aborts the process (rd_kafka_cgrp_modify_subscription
+                # assertion, seen under load). Classic hand-over waits for the group heartbeat.
+                # Positioned at the first pulse: nothing is read before, and start stays short.
                 self._watcher = clients.watcher(watcher_settings(r), r.topic)
             self._consumer.subscribe(_Listener(self))
         except Exception as exc:
@@ -634,7 +638,7 @@ class Neli:
                   hint.member, partition)
         self._seen.pop(partition, None)   # the leader is gone: the group comes first now
         self._nudge(now)
-        self._plan_nudges([now + d for d in _NUDGE_RETRIES[self._r.group_protocol]])
+        self._plan_nudges([now + d for d in _NUDGE_RETRIES])
 
     def _plan_nudges(self, times: Sequence[float]) -> None:
         self._nudge_plan = sorted(set(self._nudge_plan) | set(times))
