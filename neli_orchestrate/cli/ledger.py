@@ -159,7 +159,7 @@ def history(target: Target, role: str, run_key: str, as_json: bool) -> int:
     if not entries:
         raise fail(f"the ledger {read.topic!r} has no record of role {role!r} run key "
                    f"{run_key!r}")
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for e in entries:
         r = e.record
         if r is None:

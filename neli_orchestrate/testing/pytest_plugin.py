@@ -26,10 +26,12 @@ import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 
 from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
+from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
 
 BOOTSTRAP_ENV = "NELI_TEST_BOOTSTRAP_SERVERS"
 
@@ -88,8 +90,9 @@ def _release_capture_streams() -> None:
 def _check_reachable(bootstrap: str) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000,
-                         "logger": _librdkafka_log})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000,
+                            "logger": _librdkafka_log}
+    admin = AdminClient(conf)
     try:
         admin.list_topics(timeout=10)
     except Exception as exc:  # noqa: BLE001
@@ -124,7 +127,8 @@ def kafka_admin(kafka_broker: str):  # type: ignore[no-untyped-def]
     """An AdminClient connected to ``kafka_broker``."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": kafka_broker, "logger": _librdkafka_log})
+    conf: dict[str, Any] = {"bootstrap.servers": kafka_broker, "logger": _librdkafka_log}
+    return AdminClient(conf)
 
 
 @pytest.fixture
@@ -144,13 +148,11 @@ def new_topic(kafka_admin, request: pytest.FixtureRequest) -> NewTopicFactory:  
 
 
 @pytest.fixture(scope="session")
-def secured_kafka():  # type: ignore[no-untyped-def]
+def secured_kafka() -> Iterator[SecuredLocalKafka]:
     """A broker that authenticates (SASL/SCRAM) and authorizes (ACLs); started lazily."""
-    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
-
     kafka = SecuredLocalKafka()
     try:
-        kafka.start(timeout=180.0)  # SCRAM set-up adds work; shared CI machines are slow
+        kafka.start(timeout=300.0)  # SCRAM set-up adds work; shared CI machines are slow
     except LocalKafkaError as exc:
         kafka.stop()
         pytest.fail(f"secured Kafka broker could not start: {exc}", pytrace=False)
@@ -161,13 +163,11 @@ def secured_kafka():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def secured_kafka_tls():  # type: ignore[no-untyped-def]
+def secured_kafka_tls() -> Iterator[SecuredLocalKafka]:
     """Like ``secured_kafka``, over SASL_SSL with a generated CA (``.ca_location``)."""
-    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
-
     kafka = SecuredLocalKafka(tls=True)
     try:
-        kafka.start(timeout=180.0)
+        kafka.start(timeout=300.0)
     except LocalKafkaError as exc:
         kafka.stop()
         pytest.fail(f"secured TLS Kafka broker could not start: {exc}", pytrace=False)

@@ -37,3 +37,14 @@ def test_every_front_door_is_in_the_reference() -> None:
 
     assert f"| `fast` | {PROFILES['fast'].session_timeout:g} |" in text
     assert all(f"| `{key}` |" in text for key in PROTECTED_KAFKA_SETTINGS)
+
+
+def test_every_page_the_docs_index_links_exists() -> None:
+    import re
+
+    index = (DOCS / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+\.md)\)", index)
+    assert {"concepts.md", "guarantees.md", "topologies.md", "security.md", "failure-modes.md",
+            "cli.md", "configuration.md"} <= set(links)
+    missing = [link for link in links if not (DOCS / link).exists()]
+    assert missing == []

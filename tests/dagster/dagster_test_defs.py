@@ -75,10 +75,11 @@ def neli_resource() -> NeliResource:
         namespace=dg.EnvVar("NELI_NAMESPACE"),
         handoff_timeout=float(os.environ.get("NELI_TEST_HANDOFF_TIMEOUT", "30")),
         acquire_timeout=60.0,
-        # Loopback timings, with a session long enough that a CPU-starved step (two cores,
-        # Spark starting next door) is not fenced by accident.
+        # Loopback timings, with a session long enough that a CPU-starved step is not fenced by
+        # accident: 6 s was not, on two cores shared by several test runs (load average ~40).
+        # No test here waits for a session to expire except the fencing test, which sets its own.
         profile="fast",
-        session_timeout=float(os.environ.get("NELI_TEST_SESSION_TIMEOUT", "6")),
+        session_timeout=float(os.environ.get("NELI_TEST_SESSION_TIMEOUT", "15")),
         wait_timeout=120.0,
         wait_interval=0.3,
     )
