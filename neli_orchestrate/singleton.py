@@ -824,6 +824,8 @@ class Singleton:
         decision = decide(latest, Claimant(self.config.deployment, "-"), now=self._wall(),
                           policy=self.config.policy)
         busy = f"role {role!r} is busy ({members} member(s) lead or wait for it): not joining"
+        outcome: Outcome
+        until: float | None
         if decision.outcome in (Outcome.SKIP_DONE, Outcome.GIVE_UP):
             outcome, reason, until = decision.outcome, decision.reason, None
         elif decision.outcome is Outcome.WAIT:

@@ -410,3 +410,196 @@ class LocalKafka:
             log.warning("Kafka did not stop within %.0f s of SIGTERM; killing it", timeout)
             proc.kill()
             proc.wait(10)
+
+
+# -- chaos: restarting a broker ------------------------------------------------------------------
+
+
+def restart_broker(
+    kafka: LocalKafka, *, down: float = 0.0, hard: bool = False, timeout: float = 120.0
+) -> None:
+    """Stop ``kafka``'s broker (SIGTERM, or SIGKILL when ``hard``), keep it down ``down``
+    seconds, and start it again on the same ports with its data (no re-format).
+
+    For fault injection: clients see the broker vanish and return; groups, transactions and
+    the ledger survive in its log directory.
+    """
+    process = kafka.process
+    if process is None:
+        raise LocalKafkaError("the broker is not running")
+    if hard:
+        process.kill()
+        process.wait(10)
+        kafka.process = None
+    else:
+        kafka._kill()
+    time.sleep(down)
+    java = shutil.which("java")
+    if java is None:
+        raise LocalKafkaError("Kafka needs Java 17+: no `java` on PATH")
+    libs = ensure_kafka_libs(kafka.version)
+    kafka._launch(java, libs)
+    kafka._wait_ready(time.monotonic() + timeout)
+    log.info("Kafka restarted at %s (pid %s) after %.1f s down", kafka.bootstrap_servers,
+             kafka.pid, down)
+
+
+# -- chaos: a three-broker KRaft cluster --------------------------------------------------------
+
+#: What users run for the ledger and leader topics: three replicas, two in sync to acknowledge.
+CLUSTER_PROPERTIES: Mapping[str, str] = {
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
+    "offsets.topic.replication.factor": "3",
+    "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2",
+    "share.coordinator.state.topic.replication.factor": "3",
+    "share.coordinator.state.topic.min.isr": "2",
+    # a killed leader's partitions move quickly (defaults: 9 s session, 6 s fence)
+    "broker.session.timeout.ms": "3000",
+    "broker.heartbeat.interval.ms": "500",
+}
+
+
+class _ClusterNode(LocalKafka):
+    """One combined broker + controller of a :class:`LocalKafkaCluster` (static quorum)."""
+
+    def __init__(self, node_id: int, voters: str, cluster_id: str, controller_port: int,
+                 **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.node_id = node_id
+        self.voters = voters
+        self.cluster_id = cluster_id
+        self.fixed_controller_port = controller_port
+
+    def _write_config(self) -> None:
+        data = self.workdir / "data"
+        shutil.rmtree(data, ignore_errors=True)
+        self.controller_port = self.fixed_controller_port
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "controller.quorum.voters": self.voters,
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(data),
+            **self.properties,
+        }
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "server.properties").write_text(
+            "".join(f"{k}={v}\n" for k, v in props.items())
+        )
+
+    def _format(self, java: str, libs: Path) -> None:
+        # static quorum (controller.quorum.voters): every node formats with the same cluster id
+        cmd = self._java_cmd(java, libs, "kafka.tools.StorageTool") + [
+            "format", f"--cluster-id={self.cluster_id}", "-c",
+            str(self.workdir / "server.properties"),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise LocalKafkaError(
+                f"formatting node {self.node_id} failed (exit {proc.returncode}):\n"
+                f"{(proc.stdout + proc.stderr)[-4000:]}"
+            )
+
+
+class LocalKafkaCluster:
+    """A real Kafka 4.x cluster of ``nodes`` combined broker + controller nodes on loopback,
+    with replication factor 3 and ``min.insync.replicas=2`` by default (:data:`CLUSTER_PROPERTIES`).
+
+    Usage::
+
+        with LocalKafkaCluster() as cluster:
+            cluster.bootstrap_servers            # "127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"
+            node = cluster.leader_of("neli.ledger", 0)
+            cluster.kill(node)                   # kill -9 that broker
+            cluster.restart(node)                # back, with its data
+
+    For chaos tests; like :class:`LocalKafka`, not a production configuration.
+    """
+
+    def __init__(self, nodes: int = 3, *, workdir: str | os.PathLike[str] | None = None,
+                 properties: Mapping[str, str] | None = None, heap: str = "512m") -> None:
+        if nodes < 3:
+            raise LocalKafkaError("a cluster needs at least 3 nodes for RF 3 / min ISR 2")
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="neli-kraft-"))
+        ports = {i: (free_port(), free_port()) for i in range(1, nodes + 1)}
+        voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_, c) in ports.items())
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        merged = {**CLUSTER_PROPERTIES, **(properties or {})}
+        self.nodes = {
+            i: _ClusterNode(i, voters, cluster_id, controller, workdir=self.workdir / f"node{i}",
+                            port=port, properties=merged, heap=heap)
+            for i, (port, controller) in ports.items()
+        }
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes.values())
+
+    def start(self, timeout: float = 180.0) -> LocalKafkaCluster:
+        """Format and start every node; return when the cluster serves a round trip."""
+        java = shutil.which("java")
+        if java is None:
+            raise LocalKafkaError("Kafka needs Java 17+: no `java` on PATH")
+        libs = ensure_kafka_libs()
+        for node in self.nodes.values():
+            node._write_config()
+            node._format(java, libs)
+        for node in self.nodes.values():
+            node._launch(java, libs)
+        deadline = time.monotonic() + timeout
+        try:
+            # any node answers for the cluster once the quorum has a leader
+            first = next(iter(self.nodes.values()))
+            first._wait_ready(deadline)
+        except LocalKafkaError:
+            self.stop()
+            raise
+        log.info("Kafka cluster of %d nodes ready at %s", len(self.nodes), self.bootstrap_servers)
+        return self
+
+    def leader_of(self, topic: str, partition: int = 0, timeout: float = 10.0) -> int:
+        """The node id leading ``topic``'s ``partition`` now."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers,
+                             "logger": logging.getLogger(__name__ + ".librdkafka")})
+        metadata = admin.list_topics(topic, timeout=timeout)
+        info = metadata.topics[topic]
+        if info.error is not None:
+            raise LocalKafkaError(f"topic {topic!r}: {info.error}")
+        return int(info.partitions[partition].leader)
+
+    def kill(self, node_id: int) -> None:
+        """kill -9 one node."""
+        node = self.nodes[node_id]
+        if node.process is not None:
+            node.process.kill()
+            node.process.wait(10)
+            node.process = None
+
+    def restart(self, node_id: int, timeout: float = 120.0) -> None:
+        """Start a stopped node again with its data."""
+        node = self.nodes[node_id]
+        java = shutil.which("java") or "java"
+        node._launch(java, ensure_kafka_libs())
+        node._wait_ready(time.monotonic() + timeout)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node._kill()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalKafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

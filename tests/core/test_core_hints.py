@@ -108,6 +108,8 @@ def test_follower_watches_exactly_the_role_partitions_it_does_not_own() -> None:
     cluster = FakeCluster(clock=FakeClock(), partitions=2)
     b, _ = member(cluster, "B", roles=(0, 1))
     watcher = cluster.watchers[-1]
+    assert watcher.history == [], "nothing is read before the first pulse"
+    b.pulse(0.01)
     assert watcher.history[-1] == [0, 1]
     cluster.consumer.assign(1)
     b.pulse(0.2)
@@ -210,3 +212,44 @@ class TrustingHints(Neli):
 def test_the_exclusivity_check_catches_a_member_that_trusts_hints() -> None:
     with pytest.raises(AssertionError, match="two leaders|leads on a hint"):
         forged_hints_grant_nothing(TrustingHints)
+
+
+# -- a leader that goes quiet without a hint (crash, stall) ----------------------------------------
+
+def test_classic_follower_does_not_rejoin_when_the_leader_goes_quiet() -> None:
+    # A quiet leader may be running a long revoke barrier inside close(); a classic rejoin
+    # would start a rebalance that takes the partition away before the barrier returns.
+    cluster, a, b = pair()
+    consumer_b = consumer_of(cluster, 1)
+    for _ in range(10):
+        a.pulse(0.02)
+        b.pulse(0.02)
+    for _ in range(40):
+        b.pulse(0.05)
+    assert consumer_b.rejoins == 0 and not b.is_leader
+
+
+def test_kip_848_follower_heartbeats_around_the_quiet_leaders_session_deadline() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    slow = dict(group_protocol="consumer", session_timeout=3.0, heartbeat_timeout=1.0,
+                group_heartbeat_interval=1.0, heartbeat_interval=0.25, clock_error=0.5)
+    a, _ = member(cluster, "A", **slow)
+    consumer_a = cluster.consumer
+    b, _ = member(cluster, "B", **slow)
+    consumer_b = cluster.consumer
+    consumer_a.assign(0)
+    assert a.pulse(0.3)
+    for _ in range(8):
+        a.pulse(0.1)
+        b.pulse(0.1)
+    silent_from = cluster.clock.monotonic()
+    rejoins_at: list[float] = []
+    while cluster.clock.monotonic() < silent_from + 5.0:
+        before = consumer_b.rejoins
+        b.pulse(0.01)
+        if consumer_b.rejoins > before:
+            rejoins_at.append(cluster.clock.monotonic() - silent_from)
+    assert len(rejoins_at) > 10, "a burst of heartbeats around the deadline"
+    assert min(rejoins_at) > 3.0 - 1.0 - 0.3, "none long before the session can have ended"
+    assert max(rejoins_at) < 3.0 + 1.0, "and none long after"
+    assert not b.is_leader

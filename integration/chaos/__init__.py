@@ -1,0 +1,1 @@
+"""Chaos suite: faults against real Airflow regions and a real Kafka broker (docs/chaos.md)."""

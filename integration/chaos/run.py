@@ -1,0 +1,428 @@
+"""Chaos suite: inject faults into real Airflow regions and a real Kafka broker; count
+duplicates and lost runs.
+
+Usage::
+
+    python -m integration.chaos --trials 5                       # every scenario, 5 trials each
+    python -m integration.chaos --scenario kill-mid-job --trials 20
+    python -m integration.chaos --scenario stop-past-session --broken no-fence   # must FAIL
+
+One invocation starts one local Kafka broker and the regions (two, or ``--regions``) once, then
+runs the trials one after another, each on a date of its own (2013-02-01, 2013-02-02, ...):
+trigger the nycflights DAG for the date in every region at once, inject the scenario's fault,
+wait for every run to end, and check (neli_orchestrate.demo.evidence):
+
+- duplicates = 0: no run key COMPLETED twice, no two live Spark executions of the date
+  overlapping in time (beyond the fence allowance; a frozen worker is not live), the published
+  output's token equals the COMPLETED record's;
+- lost = 0: the date is COMPLETED;
+- the faulted region's Spark task FAILED with a fencing reason, where the scenario fences it;
+- takeover time: fault → the other region's claim.
+
+Each trial writes ``<out>/<scenario>-<n>.json`` and ``.png`` (timeline); the run writes
+``<out>/summary.json`` and ``summary.md``. Exit status 1 when any trial has a duplicate, a lost
+run or a missing fence. See docs/chaos.md for the scenarios and the latest results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neli_orchestrate.demo.evidence import Fault, kill_tree
+from neli_orchestrate.demo.world import (
+    GATE_TASK,
+    SPARK_TASK,
+    Settings,
+    World,
+    is_fence,
+    log_to_file,
+    run_key_of,
+    task_pids,
+)
+
+logger = logging.getLogger("integration.chaos")
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
+FIRST_DATE = dt.date(2013, 2, 1)
+
+
+@dataclass
+class Trial:
+    world: World
+    date: str
+    runs: dict[str, dict[str, str]]
+    started: float
+    #: undo steps of the fault, run after the trial's checks (e.g. restart a killed broker)
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def claims(self) -> list[Any]:
+        key = run_key_of(self.date)
+        return [r for r in self.world.history()
+                if r.run_key == key and str(r.state) == "CLAIMED"]
+
+    def wait_claim(self, *, not_by: str, above: int, timeout: float = 300.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for claim in self.claims():
+                if claim.deployment != not_by and claim.token > above:
+                    return claim
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.date}: no region but {not_by} claimed within {timeout:g} s")
+
+
+# -- scenarios: each injects its fault and returns it (or None when the window was missed) --
+
+
+def kill_before_claim(trial: Trial) -> Fault | None:
+    """kill -9 the gate's task process of the first region that runs it, before any claim."""
+    world = trial.world
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if trial.claims():
+            return None  # the window closed before we saw a gate process: a miss, reported
+        for name, by_date in trial.runs.items():
+            pids = task_pids(world.region(name), by_date[trial.date], GATE_TASK)
+            if pids and not trial.claims():
+                at = time.time()
+                killed = [p for pid in pids for p in kill_tree(pid, signal.SIGKILL)]
+                return world.observer.fault(  # type: ignore[union-attr]
+                    Fault("kill-before-claim", name, trial.date, at, killed,
+                          detail="gate process")
+                )
+        time.sleep(0.1)
+    return None
+
+
+def kill_mid_job(trial: Trial) -> Fault | None:
+    """kill -9 the task process running the Spark job (and spark-submit under it) mid-job."""
+    span = trial.world.wait_mid_job([trial.date])
+    return trial.world.kill_task(span, kind="kill-mid-job")
+
+
+def kill_after_job(trial: Trial) -> Fault | None:
+    """kill -9 the task process after its job published the output, before COMPLETED."""
+    from neli_orchestrate.spark import TokenCommitGuard
+
+    world = trial.world
+    guard = TokenCommitGuard(world.output, partition_column="date")
+    key = run_key_of(trial.date)
+    deadline = time.monotonic() + 600
+    spark_pids: dict[str, list[int]] = {}
+    while time.monotonic() < deadline:
+        for name, by_date in trial.runs.items():
+            pids = task_pids(world.region(name), by_date[trial.date], SPARK_TASK)
+            if pids:
+                spark_pids[name] = pids
+        marker = guard.committed(trial.date)
+        if marker is not None:
+            pids = spark_pids.get(marker.deployment) or task_pids(
+                world.region(marker.deployment), trial.runs[marker.deployment][trial.date],
+                SPARK_TASK,
+            )
+            at = time.time()
+            killed = [p for pid in pids for p in kill_tree(pid, signal.SIGKILL)]
+            done = any(r.run_key == key and str(r.state) == "COMPLETED"
+                       for r in world.history())
+            detail = "after publish, COMPLETED already written" if done else "after publish"
+            return world.observer.fault(  # type: ignore[union-attr]
+                Fault("kill-after-job", marker.deployment, trial.date, at, killed, detail=detail)
+            )
+        time.sleep(0.05)
+    return None
+
+
+def stop_past_session(trial: Trial) -> Fault | None:
+    """SIGSTOP the running task (and its Spark job) past the session timeout; SIGCONT once the
+    other region has claimed the run and started its own job."""
+    world = trial.world
+    span = world.wait_mid_job([trial.date])
+    import psutil
+
+    task_pid = psutil.Process(span.pid).ppid()  # type: ignore[arg-type]
+    pids = kill_tree(task_pid, signal.SIGSTOP)
+    fault = world.observer.fault(  # type: ignore[union-attr]
+        Fault("stop-past-session", span.region, trial.date, time.time(), pids,
+              detail=f"task pid {task_pid}")
+    )
+    try:
+        claim = trial.wait_claim(not_by=span.region, above=span.token or -1)
+        # let the new owner's job start, so a zombie that is not fenced would run beside it
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if any(s.token == claim.token for s in world.observer.running_jvms()):  # type: ignore[union-attr]
+                break
+            time.sleep(0.2)
+    finally:
+        for pid in pids:
+            with _quiet():
+                psutil.Process(pid).send_signal(signal.SIGCONT)
+        fault.resumed_at = time.time()
+    return fault
+
+
+def broker_restart(trial: Trial) -> Fault | None:
+    """Stop the broker mid-job (SIGTERM), keep it down past the session timeout, start it
+    again with its data."""
+    from neli_orchestrate.testing.local_kafka import restart_broker
+
+    world = trial.world
+    span = world.wait_mid_job([trial.date])
+    at = time.time()
+    down = world.settings.session_timeout + 2
+    restart_broker(world.kafka, down=down)
+    return world.observer.fault(  # type: ignore[union-attr]
+        Fault("broker-restart", span.region, trial.date, at, [], detail=f"down {down:g} s")
+    )
+
+
+def ledger_leader_kill(trial: Trial) -> Fault | None:
+    """Three-broker cluster: kill -9 the broker leading the ledger partition mid-job (it is
+    restarted after the trial)."""
+    world = trial.world
+    cluster = world.kafka
+    if not hasattr(cluster, "leader_of"):
+        raise RuntimeError("ledger-leader-kill needs --kafka-nodes 3")
+    span = world.wait_mid_job([trial.date])
+    node = cluster.leader_of(world.ledger_topic, 0)
+    at = time.time()
+    cluster.kill(node)
+    trial.after.append(lambda: cluster.restart(node))
+    return world.observer.fault(  # type: ignore[union-attr]
+        Fault("ledger-leader-kill", span.region, trial.date, at, [],
+              detail=f"broker node {node}")
+    )
+
+
+SCENARIOS: dict[str, tuple[Callable[[Trial], Fault | None], bool]] = {
+    # name: (inject, the faulted region's Spark task must FAIL with a fencing reason)
+    "kill-before-claim": (kill_before_claim, False),
+    "kill-mid-job": (kill_mid_job, False),
+    "kill-after-job": (kill_after_job, False),
+    "stop-past-session": (stop_past_session, True),
+    "broker-restart": (broker_restart, True),
+    "ledger-leader-kill": (ledger_leader_kill, False),
+}
+#: scenarios that need the three-broker cluster (--kafka-nodes 3); "all" runs them only there
+CLUSTER_SCENARIOS = frozenset({"ledger-leader-kill"})
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True
+
+
+# -- broken variants: the suite must catch them ------------------------------------------------
+
+BROKEN = {
+    # The fenced execution ignores fences: the watchdog's "leadership lost" is only logged, so
+    # a frozen-then-resumed region runs its job on beside the new owner's.
+    "no-fence": (
+        "from neli_orchestrate.airflow.operators import fenced as _fenced",
+        "_fenced._FencedExecution._on_fence",
+        "\n\n# BROKEN ON PURPOSE (python -m integration.chaos --broken no-fence)\n"
+        "from neli_orchestrate.airflow.operators import fenced as _fenced  # noqa: E402\n\n"
+        "_fenced._FencedExecution._on_fence = (\n"
+        "    lambda self, reason: self.task.log.warning('fence ignored: %s', reason)\n"
+        ")\n",
+    ),
+}
+
+
+def broken_dags(variant: str, into: Path) -> Path:
+    """A copy of the repository's dags/ whose example DAG file applies ``variant`` on import."""
+    module, attribute, patch = BROKEN[variant]
+    namespace: dict[str, Any] = {}
+    exec(module, namespace)  # noqa: S102 - our own constant: check the patched name exists
+    owner, _, name = attribute.rpartition(".")
+    if not hasattr(eval(owner, namespace), name):  # noqa: S307 - our own constant
+        raise SystemExit(f"cannot apply broken variant {variant!r}: {attribute} is gone")
+    target = into / f"dags-{variant}"
+    shutil.copytree(REPO / "dags", target, ignore=shutil.ignore_patterns("__pycache__"))
+    dag = target / "nycflights_daily.py"
+    dag.write_text(dag.read_text() + patch)
+    return target
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
+              timeout: float) -> dict[str, Any]:
+    from neli_orchestrate.demo.timeline import draw_timeline
+
+    inject, must_fence = SCENARIOS[scenario]
+    began = time.time()
+    runs = world.trigger([date])
+    trial = Trial(world, date, runs, began)
+    error = None
+    fault = None
+    try:
+        fault = inject(trial)
+        world.wait(runs, timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - a failed trial is a result, not a crash
+        error = f"{type(exc).__name__}: {exc}"
+        logger.exception("trial %s-%s", scenario, n)
+    report, history = world.assess([date], runs)
+    report.started_at = began
+    for undo in trial.after:
+        try:
+            undo()
+        except Exception as exc:  # noqa: BLE001 - reported with the trial
+            error = (error or "") + f" undo failed: {exc}"
+    outcome = report.dates[0]
+    fenced_ok = None
+    if fault is not None and must_fence:
+        why = outcome.failed_in.get(fault.region, "")
+        fenced_ok = is_fence(why)
+        if not fenced_ok:
+            report.problems.append(
+                f"{date}: {fault.region}'s task was not fenced (state "
+                f"{world.task_states(runs)[date].get(fault.region)})"
+            )
+    result = {
+        "scenario": scenario,
+        "trial": n,
+        "date": date,
+        "fault_injected": fault is not None,
+        "error": error,
+        "duplicates": report.duplicates,
+        "lost": report.lost,
+        "fenced_as_expected": fenced_ok,
+        "takeover_seconds": outcome.takeover_seconds,
+        "ran_in": outcome.ran_in,
+        "token": outcome.token,
+        "seconds": round(time.time() - began, 1),
+        "report": report.to_json(),
+    }
+    name = f"{scenario}-{n:03d}"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
+    draw_timeline(report, world.observer, history, list(world.settings.regions),  # type: ignore[arg-type]
+                  out / f"{name}.png", title=f"{scenario} #{n}", fences=world.fences(runs))
+    return result
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    for scenario in dict.fromkeys(r["scenario"] for r in results):
+        rows = [r for r in results if r["scenario"] == scenario]
+        takeovers = [s for r in rows for s in r["takeover_seconds"]]
+        fenced = [r["fenced_as_expected"] for r in rows if r["fenced_as_expected"] is not None]
+        table[scenario] = {
+            "trials": len(rows),
+            "faults_injected": sum(r["fault_injected"] for r in rows),
+            "duplicates": sum(r["duplicates"] for r in rows),
+            "lost": sum(r["lost"] for r in rows),
+            "fenced": f"{sum(fenced)}/{len(fenced)}" if fenced else "-",
+            "errors": sum(1 for r in rows if r["error"]),
+            "takeover_p50_s": percentile(takeovers, 50),
+            "takeover_p99_s": percentile(takeovers, 99),
+            "trial_p50_s": statistics.median(r["seconds"] for r in rows),
+        }
+    return table
+
+
+def markdown(table: dict[str, dict[str, Any]], header: str) -> str:
+    cols = ["trials", "faults_injected", "duplicates", "lost", "fenced", "errors",
+            "takeover_p50_s", "takeover_p99_s", "trial_p50_s"]
+    lines = [header, "", "| scenario | " + " | ".join(cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for scenario, row in table.items():
+        cells = ["-" if row[c] is None else str(row[c]) for c in cols]
+        lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m integration.chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", action="append", choices=[*SCENARIOS, "all"],
+                        help="scenario to run (repeatable; default all)")
+    parser.add_argument("--trials", type=int, default=1, help="trials per scenario")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument("--broken", choices=sorted(BROKEN), default=None,
+                        help="run a deliberately broken variant (the suite must fail)")
+    parser.add_argument("--first-date", default=str(FIRST_DATE),
+                        help="date of the first trial (one date per trial, then the next)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per trial")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--kafka-nodes", type=int, default=1,
+                        help="1: one broker; 3: a KRaft cluster with RF 3 / min ISR 2")
+    parser.add_argument("--bootstrap", default=None,
+                        help="use this Kafka cluster instead of a local broker "
+                        "(not with broker-restart)")
+    args = parser.parse_args(argv)
+    scenarios = [s for s in (args.scenario or ["all"]) if s != "all"] or [
+        s for s in SCENARIOS if (s in CLUSTER_SCENARIOS) == (args.kafka_nodes >= 3)
+    ]
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
+    if args.bootstrap and "broker-restart" in scenarios:
+        parser.error("broker-restart restarts the suite's own broker: drop --bootstrap")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="neli-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_to_file(workdir / "chaos.log")
+    out = args.out / (f"broken-{args.broken}" if args.broken else "latest")
+    out.mkdir(parents=True, exist_ok=True)
+    dags = broken_dags(args.broken, workdir) if args.broken else REPO / "dags"
+    print(f"chaos: workdir {workdir}, results {out}", flush=True)
+    results: list[dict[str, Any]] = []
+    date = dt.date.fromisoformat(args.first_date)
+    if args.kafka_nodes >= 3 and "broker-restart" in scenarios:
+        parser.error("broker-restart runs on the single broker: drop --kafka-nodes")
+    settings = Settings(workdir=workdir, dags=dags, bootstrap_servers=args.bootstrap,
+                        kafka_nodes=args.kafka_nodes)
+    with World.start(settings,
+                     lambda text: print(f"chaos: {text}", flush=True)) as world:
+        for scenario in scenarios:
+            for n in range(1, args.trials + 1):
+                result = run_trial(world, scenario, n, date.isoformat(), out, args.timeout)
+                results.append(result)
+                error = f" ERROR {result['error']}" if result["error"] else ""
+                print(
+                    f"chaos: {scenario} #{n} {date}: duplicates={result['duplicates']} "
+                    f"lost={result['lost']} fenced={result['fenced_as_expected']} "
+                    f"takeover={result['takeover_seconds']} ran_in={result['ran_in']} "
+                    f"({result['seconds']} s){error}",
+                    flush=True,
+                )
+                date += dt.timedelta(days=1)
+    table = summarize(results)
+    (out / "summary.json").write_text(json.dumps({"results": table}, indent=2))
+    title = f"chaos results ({'broken: ' + args.broken if args.broken else 'correct'} build)"
+    (out / "summary.md").write_text(markdown(table, f"### {title}"))
+    print(markdown(table, f"### {title}"))
+    bad = [r for r in results
+           if r["duplicates"] or r["lost"] or r["fenced_as_expected"] is False or r["error"]]
+    print(f"chaos: {len(results)} trials, {len(bad)} failed checks", flush=True)
+    if args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

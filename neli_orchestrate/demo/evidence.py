@@ -1,0 +1,424 @@
+"""What happened in a multi-region run, observed from outside: leadership, Spark executions,
+faults, the ledger; and the checks on it (duplicates, lost runs, takeover times).
+
+Usage::
+
+    observer = Observer(regions, bootstrap, groups={"2013-01-01": "ns.nycflights_daily/2013-01-01"})
+    observer.start()
+    ...                                     # run the DAGs, inject faults (observer.fault(...))
+    observer.stop()
+    report = assess(observer, ledger_history(bootstrap, ledger_topic), dates, run_key_of)
+    report.duplicates, report.lost
+
+The observer polls, every ``interval`` seconds, (a) each role's consumer group (who is
+assigned the leader topic's partition: the leader), mapping the member back to its region
+through the process id in the member name and the harness marker in that process's
+environment, and (b) the Spark driver JVMs of every region (``spark.neli.token`` and
+``--date`` from their command line). The checks use only this and the committed ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neli_orchestrate.demo.regions import MARKER_ENV, AirflowRegion
+
+logger = logging.getLogger(__name__)
+
+_TOKEN = re.compile(r"spark\.neli\.token=(\d+)")
+_LAUNCHER = "org.apache.spark.launcher.Main"
+# member names are "<host>_<pid>_<start>" (core config), optionally "#<suffix>"
+_MEMBER_PID = re.compile(r"_(\d+)_\d+(?:#\w+)?$")
+
+
+@dataclass
+class Span:
+    """An interval [start, end] (epoch seconds) when ``region`` held/did something for ``date``."""
+
+    region: str
+    date: str
+    start: float
+    end: float
+    token: int | None = None
+    pid: int | None = None
+
+
+@dataclass
+class Fault:
+    """A fault injected on purpose: ``kind`` (kill, stop, ...), where, when."""
+
+    kind: str
+    region: str
+    date: str
+    at: float
+    pids: list[int] = field(default_factory=list)
+    #: when a paused process was resumed (SIGSTOP → SIGCONT), else None
+    resumed_at: float | None = None
+    detail: str = ""
+
+
+class Observer(threading.Thread):
+    """Polls leadership of the role groups and the regions' Spark JVMs (see module docstring)."""
+
+    def __init__(
+        self,
+        regions: Sequence[AirflowRegion],
+        bootstrap_servers: str,
+        groups: Mapping[str, str],
+        *,
+        interval: float = 0.5,
+        kafka_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name="neli-observer", daemon=True)
+        self.by_marker = {r.marker: r.name for r in regions}
+        self.by_home = {str(Path(r.home).resolve()): r.name for r in regions}
+        self.bootstrap_servers = bootstrap_servers
+        self.groups = dict(groups)  # date -> consumer group of its role
+        self.interval = interval
+        self.kafka_config = dict(kafka_config or {})
+        self.leadership: list[Span] = []
+        self.executions: list[Span] = []
+        self.faults: list[Fault] = []
+        self.started_at = time.time()
+        self._open_leads: dict[str, Span] = {}  # date -> open span
+        self._open_jvms: dict[int, Span] = {}  # pid -> open span
+        self._pid_region: dict[int, str | None] = {}
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self.errors = 0
+
+    # -- public ----------------------------------------------------------------------------
+
+    def fault(self, fault: Fault) -> Fault:
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=10)
+        now = time.time()
+        with self._lock:
+            for span in self._open_leads.values():
+                span.end = now
+            for span in self._open_jvms.values():
+                span.end = now
+            self._open_leads.clear()
+            self._open_jvms.clear()
+
+    def running_jvms(self) -> list[Span]:
+        """Spark executions observed as running now (copies)."""
+        with self._lock:
+            return [Span(**asdict(s)) for s in self._open_jvms.values()]
+
+    def leader_of(self, date: str) -> str | None:
+        with self._lock:
+            span = self._open_leads.get(date)
+            return span.region if span else None
+
+    # -- polling ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(
+            {
+                **self.kafka_config,
+                "bootstrap.servers": self.bootstrap_servers,
+                "logger": logging.getLogger(__name__ + ".librdkafka"),
+            }
+        )
+        while not self._halt.is_set():
+            began = time.monotonic()
+            for what, poll in (("Spark JVMs", self._poll_jvms),
+                               ("role groups", lambda: self._poll_groups(admin))):
+                try:
+                    poll()
+                except Exception as exc:  # noqa: BLE001 - an observer never stops the run
+                    self.errors += 1
+                    logger.warning("observer: polling %s failed: %s", what, exc)
+            self._halt.wait(max(0.0, self.interval - (time.monotonic() - began)))
+
+    def _region_of_pid(self, pid: int) -> str | None:
+        if pid not in self._pid_region:
+            import psutil
+
+            try:
+                region = self._region_of(psutil.Process(pid))
+            except (psutil.Error, OSError):
+                return None  # gone before we looked: try again next time (never cached)
+            self._pid_region[pid] = region
+        return self._pid_region[pid]
+
+    def _region_of(self, proc: Any) -> str | None:
+        # The harness marker is in the environment of every process a region starts, but
+        # Airflow's task processes set their title over it; they run in the region's home.
+        for _ in range(4):
+            marker = proc.environ().get(MARKER_ENV)
+            if marker in self.by_marker:
+                return self.by_marker[marker]
+            cwd = proc.cwd()
+            for home, name in self.by_home.items():
+                if cwd == home or cwd.startswith(home + os.sep):
+                    return name
+            proc = proc.parent()
+            if proc is None:
+                return None
+        return None
+
+    def _poll_jvms(self) -> None:
+        import psutil
+
+        now = time.time()
+        seen: set[int] = set()
+        for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+            if proc.info["name"] != "java":
+                continue
+            cmdline = proc.info["cmdline"] or []
+            text = " ".join(cmdline)
+            match = _TOKEN.search(text)
+            # spark-submit first runs a short launcher JVM that only builds the real command
+            if match is None or "--date" not in cmdline or _LAUNCHER in cmdline:
+                continue
+            region = self._region_of_pid(proc.pid)
+            if region is None:
+                continue
+            seen.add(proc.pid)
+            with self._lock:
+                if proc.pid not in self._open_jvms:
+                    date = cmdline[cmdline.index("--date") + 1]
+                    span = Span(region, date, now, now, int(match.group(1)), proc.pid)
+                    self._open_jvms[proc.pid] = span
+                    self.executions.append(span)
+                self._open_jvms[proc.pid].end = now
+        with self._lock:
+            for pid in [p for p in self._open_jvms if p not in seen]:
+                del self._open_jvms[pid]
+
+    def _poll_groups(self, admin: Any) -> None:
+        groups = dict(self.groups)
+        if not groups:
+            return
+        futures = admin.describe_consumer_groups(list(groups.values()), request_timeout=20)
+        now = time.time()
+        for date, group in groups.items():
+            try:
+                description = futures[group].result(timeout=30)
+            except Exception as exc:  # noqa: BLE001 - reported, the next poll tries again
+                self.errors += 1
+                logger.warning("observer: describing group %r failed: %s", group, exc)
+                continue
+            now = time.time()
+            leader: tuple[str, int] | None = None
+            for member in description.members or []:
+                assignment = getattr(member, "assignment", None)
+                partitions = getattr(assignment, "topic_partitions", None) or []
+                if not partitions:
+                    continue
+                match = _MEMBER_PID.search(member.client_id or "")
+                if match is None:
+                    continue
+                pid = int(match.group(1))
+                region = self._region_of_pid(pid)
+                if region is not None:
+                    leader = (region, pid)
+            with self._lock:
+                span = self._open_leads.get(date)
+                if span is not None and (leader is None or (span.region, span.pid) != leader):
+                    del self._open_leads[date]
+                    span = None
+                if leader is not None:
+                    if span is None:
+                        span = Span(leader[0], date, now, now, pid=leader[1])
+                        self._open_leads[date] = span
+                        self.leadership.append(span)
+                    span.end = now
+
+
+# -- assessment ---------------------------------------------------------------------------------
+
+
+@dataclass
+class DateOutcome:
+    """What happened to one date across the regions."""
+
+    date: str
+    run_key: str
+    ran_in: str | None  # deployment of the COMPLETED record
+    token: int | None
+    completed: int  # COMPLETED records in the ledger for the run key
+    claims: list[tuple[str, int, float]]  # (deployment, token, at): first record of each token
+    takeovers: int
+    #: per fault on this date: seconds from the fault to the next claim (any region: the
+    #: other region's gate or the faulted region's own Airflow retry)
+    takeover_seconds: list[float]
+    skipped_in: list[str]
+    failed_in: dict[str, str]  # region -> reason (task FAILED)
+    overlaps: list[str]  # descriptions of overlapping live executions
+    sink_token: int | None  # token of the published output (commit marker)
+
+
+@dataclass
+class Report:
+    """The checks of one run: ``duplicates`` and ``lost`` must both be 0."""
+
+    dates: list[DateOutcome]
+    duplicates: int
+    lost: int
+    faults: list[Fault]
+    problems: list[str]
+    started_at: float
+    finished_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "duplicates": self.duplicates,
+            "lost": self.lost,
+            "problems": self.problems,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "dates": [asdict(d) for d in self.dates],
+            "faults": [asdict(f) for f in self.faults],
+        }
+
+
+def _paused(fault_list: Iterable[Fault], region: str, start: float, end: float) -> float:
+    """Seconds of [start, end] during which ``region``'s work was frozen by a SIGSTOP fault."""
+    total = 0.0
+    for fault in fault_list:
+        if fault.kind != "stop" or fault.region != region:
+            continue
+        stop_end = fault.resumed_at if fault.resumed_at is not None else end
+        total += max(0.0, min(end, stop_end) - max(start, fault.at))
+    return total
+
+
+def assess(
+    observer: Observer,
+    history: Sequence[Any],
+    dates: Sequence[str],
+    run_key_of: Callable[[str], str],
+    *,
+    task_states: Mapping[str, Mapping[str, tuple[str, str]]] | None = None,
+    sink_token: Callable[[str], int | None] | None = None,
+    fence_allowance: float = 2.0,
+) -> Report:
+    """Check one run: duplicates, lost runs, takeover times; see docs/chaos.md for the rules.
+
+    - duplicate: a run key COMPLETED more than once; two Spark executions of one date that
+      overlap in time for longer than ``fence_allowance`` while neither was frozen (a frozen
+      worker is a zombie the sink must refuse, not a second live execution); a published output
+      whose token is not the COMPLETED record's.
+    - lost: a date without a COMPLETED record.
+    ``task_states``: date -> region -> (state of the Spark task, reason) from the orchestrator.
+    """
+    by_key: dict[str, list[Any]] = defaultdict(list)
+    for record in history:
+        by_key[record.run_key].append(record)
+    outcomes = []
+    duplicates = lost = 0
+    problems: list[str] = []
+    for date in dates:
+        key = run_key_of(date)
+        records = by_key.get(key, [])
+        completed = [r for r in records if str(r.state) == "COMPLETED"]
+        # a claim: the first record of each token (CLAIMED, or RUNNING when a retry re-claims)
+        claims: list[tuple[str, int, float]] = []
+        for record in records:
+            if record.token not in {c[1] for c in claims}:
+                claims.append((record.deployment, record.token, record.at))
+        final = completed[-1] if completed else None
+        if len(completed) > 1:
+            duplicates += len(completed) - 1
+            problems.append(f"{date}: COMPLETED {len(completed)} times")
+        if final is None:
+            lost += 1
+            problems.append(f"{date}: never COMPLETED (ledger: {[str(r.state) for r in records]})")
+        # live executions overlapping in time
+        runs = sorted((s for s in observer.executions if s.date == date), key=lambda s: s.start)
+        overlaps = []
+        for i, first in enumerate(runs):
+            for second in runs[i + 1 :]:
+                if (first.region, first.token) == (second.region, second.token):
+                    continue  # one execution seen as two processes
+                start, end = max(first.start, second.start), min(first.end, second.end)
+                if end <= start:
+                    continue
+                live = (end - start) - max(
+                    _paused(observer.faults, first.region, start, end),
+                    _paused(observer.faults, second.region, start, end),
+                )
+                if live > fence_allowance:
+                    overlaps.append(
+                        f"{first.region} (token {first.token}) and {second.region} "
+                        f"(token {second.token}) ran at once for {live:.1f} s"
+                    )
+        if overlaps:
+            duplicates += len(overlaps)
+            problems.extend(f"{date}: {o}" for o in overlaps)
+        published = sink_token(date) if sink_token else None
+        if sink_token and final is not None and published != final.token:
+            duplicates += 1
+            problems.append(
+                f"{date}: published output has token {published}, COMPLETED has {final.token}"
+            )
+        takeover_seconds = []
+        for fault in observer.faults:
+            if fault.date != date:
+                continue
+            later = [c for c in claims if c[2] > fault.at]
+            if later:
+                takeover_seconds.append(round(later[0][2] - fault.at, 3))
+        states = (task_states or {}).get(date, {})
+        outcomes.append(
+            DateOutcome(
+                date=date,
+                run_key=key,
+                ran_in=final.deployment if final else None,
+                token=final.token if final else None,
+                completed=len(completed),
+                claims=claims,
+                takeovers=max(0, len({c[1] for c in claims}) - 1),
+                takeover_seconds=takeover_seconds,
+                skipped_in=sorted(r for r, (s, _) in states.items() if s == "skipped"),
+                failed_in={r: why for r, (s, why) in states.items() if s == "failed"},
+                overlaps=overlaps,
+                sink_token=published,
+            )
+        )
+    return Report(
+        dates=outcomes,
+        duplicates=duplicates,
+        lost=lost,
+        faults=list(observer.faults),
+        problems=problems,
+        started_at=observer.started_at,
+        finished_at=time.time(),
+    )
+
+
+def kill_tree(pid: int, sig: int) -> list[int]:
+    """Send ``sig`` to ``pid`` and every process below it; return the pids signalled."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    sent = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(sig)
+            sent.append(proc.pid)
+    return sent

@@ -1,0 +1,398 @@
+"""A local Kafka broker and several real Airflow regions running the nycflights example.
+
+Usage::
+
+    with World.start(Settings(workdir=Path("neli-demo"))) as world:
+        runs = world.trigger(["2013-01-01"])          # in every region at once
+        world.wait(runs)
+        report = world.assess(["2013-01-01"])
+
+The demo (:mod:`neli_orchestrate.demo`) and the chaos suite (``integration/chaos``) both drive
+this: one broker (:class:`~neli_orchestrate.testing.LocalKafka`), N regions
+(:mod:`neli_orchestrate.demo.regions`), connections created in each region's database, one
+:class:`~neli_orchestrate.demo.evidence.Observer` watching leadership and Spark jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neli_orchestrate.demo.evidence import Fault, Observer, Report, Span, assess, kill_tree
+from neli_orchestrate.demo.regions import (
+    SPARK_LOCAL_CONNECTION,
+    AirflowRegion,
+    AirflowRegions,
+    HarnessError,
+    RegionConfig,
+    ledger_history,
+    neli_connection,
+)
+
+logger = logging.getLogger(__name__)
+
+DAG_ID = "nycflights_daily"
+SPARK_TASK = "daily_performance"
+GATE_TASK = "claim_run"
+ROLE = "nycflights_daily/{date}"  # one role per date, as in dags/nycflights_daily.py
+
+
+def run_key_of(date: str) -> str:
+    """The gate's default run key of ``date`` (the DAG's id and logical date)."""
+    return f"{DAG_ID}/{date}T00:00:00+00:00"
+
+
+def default_dags() -> Path:
+    """The repository's ``dags/`` folder (the demo runs from a clone)."""
+    return Path(__file__).resolve().parents[2] / "dags"
+
+
+@dataclass
+class Settings:
+    """Where and how the world runs; the defaults are the demo's."""
+
+    workdir: Path
+    regions: Sequence[str] = ("us-east-1", "eu-west-1")
+    dags: Path = field(default_factory=default_dags)
+    extra_dags: Sequence[Path] = ()
+    #: NELI timings of every region's connection (a loaded 2-core machine needs room).
+    session_timeout: float = 6.0
+    handoff_timeout: float = 900.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    bootstrap_servers: str | None = None  # an existing broker; default: start a LocalKafka
+    #: 1: one local broker; 3 or more: a LocalKafkaCluster (RF 3, min ISR 2)
+    kafka_nodes: int = 1
+    kafka_properties: Mapping[str, str] = field(default_factory=dict)
+    start_timeout: float = 300.0
+
+
+class World:
+    """The running broker and regions; see the module docstring."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.workdir = Path(settings.workdir).resolve()
+        self.namespace = f"demo{uuid.uuid4().hex[:8]}"
+        self.output = self.workdir / "output"
+        self.kafka: Any = None
+        self.bootstrap = settings.bootstrap_servers or ""
+        self.regions: AirflowRegions | None = None
+        self.observer: Observer | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls, settings: Settings, progress: Callable[[str], None] = lambda _: None
+    ) -> World:
+        world = cls(settings)
+        try:
+            world._start(progress)
+        except BaseException:
+            world.stop()
+            raise
+        return world
+
+    def _start(self, progress: Callable[[str], None]) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.bootstrap and self.settings.kafka_nodes >= 3:
+            from neli_orchestrate.testing.local_kafka import LocalKafkaCluster
+
+            progress(f"starting a {self.settings.kafka_nodes}-node Kafka cluster (KRaft, RF 3)")
+            self.kafka = LocalKafkaCluster(
+                self.settings.kafka_nodes, workdir=self.workdir / "kafka",
+                properties=self.settings.kafka_properties,
+            ).start(timeout=self.settings.start_timeout)
+            self.bootstrap = self.kafka.bootstrap_servers
+        elif not self.bootstrap:
+            from neli_orchestrate.testing.local_kafka import LocalKafka
+
+            progress("starting Kafka (KRaft, one node on loopback)")
+            self.kafka = LocalKafka(
+                workdir=self.workdir / "kafka", properties=self.settings.kafka_properties
+            ).start(timeout=self.settings.start_timeout)
+            self.bootstrap = self.kafka.bootstrap_servers
+        progress("warming up the broker's group and transaction coordinators")
+        self._warm_up()
+        progress(
+            f"starting {len(self.settings.regions)} Airflow regions "
+            "(api-server, scheduler with LocalExecutor, triggerer)"
+        )
+        sources = [p for p in Path(self.settings.dags).iterdir() if p.name != "__pycache__"]
+        configs = [
+            RegionConfig(
+                name,
+                connections={
+                    "neli_default": self.connection(name),
+                    "spark_default": SPARK_LOCAL_CONNECTION,
+                },
+                variables={"nycflights_output": str(self.output)},
+            )
+            for name in self.settings.regions
+        ]
+        self.regions = AirflowRegions.start(
+            self.workdir / "airflow",
+            [*sources, *self.settings.extra_dags],
+            configs,
+            timeout=self.settings.start_timeout,
+        )
+        groups = {}
+        self.observer = Observer(list(self.regions), self.bootstrap, groups)
+
+    def connection(self, deployment: str) -> dict[str, Any]:
+        """The ``neli_default`` connection of a region (same namespace everywhere)."""
+        return neli_connection(
+            self.bootstrap,
+            deployment,
+            namespace=self.namespace,
+            session_timeout=self.settings.session_timeout,
+            # KIP-848: members joining a role's group do not disturb its leader.
+            group_protocol="consumer",
+            handoff_timeout=self.settings.handoff_timeout,
+            **self.settings.extra,
+        )
+
+    def hook(self, deployment: str) -> Any:
+        from airflow.sdk import Connection
+
+        from neli_orchestrate.airflow.hooks.neli import NeliHook
+
+        conn = self.connection(deployment)
+        return NeliHook(
+            deployment,
+            connection=Connection(
+                conn_id=deployment, conn_type="neli", host=conn["host"],
+                extra=json.dumps(conn["extra"]),
+            ),
+        )
+
+    def _warm_up(self) -> None:
+        # The first group commit and init_transactions() on a fresh broker wait seconds for
+        # their coordinators; production brokers are long warm.
+        with self.hook("warmup").get_singleton() as singleton:
+            deadline = time.monotonic() + 120
+            while True:
+                reservation = singleton.reserve("warmup", "warmup")
+                if reservation.should_run:
+                    break
+                if time.monotonic() > deadline:
+                    raise HarnessError(f"the broker never granted a first claim: {reservation}")
+                time.sleep(0.2)
+            singleton.execute("warmup", "warmup", reservation.token, lambda run: None)
+
+    def stop(self) -> None:
+        if self.observer is not None and self.observer.is_alive():
+            self.observer.stop()
+        if self.regions is not None:
+            self.regions.stop()
+        if self.kafka is not None:
+            self.kafka.stop()
+            self.kafka = None
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def region(self, name: str) -> AirflowRegion:
+        assert self.regions is not None
+        return self.regions[name]
+
+    def watch(self, dates: Sequence[str]) -> Observer:
+        """Start (or extend) observing the roles of ``dates``."""
+        assert self.observer is not None
+        hook = self.hook(self.settings.regions[0])
+        for date in dates:
+            self.observer.groups[date] = hook.role_group(ROLE.format(date=date))
+        if not self.observer.is_alive():
+            self.observer.start()
+        return self.observer
+
+    def trigger(self, dates: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Trigger ``dates`` in every region; return region -> date -> run id."""
+        self.watch(dates)
+        assert self.regions is not None
+        return {r.name: {d: r.trigger(DAG_ID, d) for d in dates} for r in self.regions}
+
+    def wait(self, runs: Mapping[str, Mapping[str, str]], timeout: float = 600.0) -> None:
+        for name, by_date in runs.items():
+            self.region(name).wait_for_runs(DAG_ID, by_date.values(), timeout=timeout)
+
+    def task_states(
+        self, runs: Mapping[str, Mapping[str, str]]
+    ) -> dict[str, dict[str, tuple[str, str]]]:
+        """date -> region -> (Spark task state, reason from its log when FAILED)."""
+        states: dict[str, dict[str, tuple[str, str]]] = {}
+        for name, by_date in runs.items():
+            region = self.region(name)
+            for date, run_id in by_date.items():
+                ti = region.task_instances(DAG_ID, run_id).get(SPARK_TASK) or {}
+                state = ti.get("state") or "none"
+                reason = ""
+                if state == "failed":
+                    reason = failure_reason(
+                        region.task_log(DAG_ID, run_id, SPARK_TASK, ti.get("try_number") or 1)
+                    )
+                states.setdefault(date, {})[name] = (state, reason)
+        return states
+
+    def fences(self, runs: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str, float]]:
+        """(region, date, epoch) of every Spark-task try that failed with a fencing reason."""
+        from datetime import datetime
+
+        found = []
+        for name, by_date in runs.items():
+            region = self.region(name)
+            for date, run_id in by_date.items():
+                ti = region.task_instances(DAG_ID, run_id).get(SPARK_TASK) or {}
+                for attempt in range(1, int(ti.get("try_number") or 1) + 1):
+                    log = region.task_log(DAG_ID, run_id, SPARK_TASK, attempt)
+                    if not is_fence(failure_reason(log)):
+                        continue
+                    path = region.log_path(DAG_ID, run_id, SPARK_TASK, attempt)
+                    at = path.stat().st_mtime
+                    if attempt == ti.get("try_number") and ti.get("end_date"):
+                        at = datetime.fromisoformat(ti["end_date"]).timestamp()
+                    found.append((name, date, at))
+        return found
+
+    @property
+    def ledger_topic(self) -> str:
+        from neli_orchestrate.core.namespace import derive
+
+        return derive(self.namespace).ledger_topic
+
+    def history(self) -> list[Any]:
+        return ledger_history(self.bootstrap, self.ledger_topic)
+
+    def sink_token(self, date: str) -> int | None:
+        from neli_orchestrate.spark import TokenCommitGuard
+
+        marker = TokenCommitGuard(self.output, partition_column="date").committed(date)
+        return marker.token if marker else None
+
+    def assess(
+        self, dates: Sequence[str], runs: Mapping[str, Mapping[str, str]] | None = None
+    ) -> tuple[Report, list[Any]]:
+        assert self.observer is not None
+        history = self.history()
+        report = assess(
+            self.observer,
+            history,
+            dates,
+            run_key_of,
+            task_states=self.task_states(runs) if runs else None,
+            sink_token=self.sink_token,
+        )
+        return report, history
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def mid_job(self, dates: Sequence[str], *, after: float = 3.0) -> Span | None:
+        """A Spark execution of ``dates`` whose PySpark driver has run ``after`` seconds, if any
+        (the JVM alone is still booting: that is not yet mid-job)."""
+        import psutil
+
+        assert self.observer is not None
+        now = time.time()
+        for span in self.observer.running_jvms():
+            if span.date not in dates or span.pid is None:
+                continue
+            try:
+                drivers = [
+                    p for p in psutil.Process(span.pid).children()
+                    if p.name().startswith("python")
+                ]
+            except psutil.Error:
+                continue
+            if any(now - d.create_time() >= after for d in drivers):
+                return span
+        return None
+
+    def wait_mid_job(
+        self, dates: Sequence[str], *, after: float = 3.0, timeout: float = 300.0
+    ) -> Span:
+        """Wait until some date's Spark job is mid-job (see :meth:`mid_job`); return it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            span = self.mid_job(dates, after=after)
+            if span is not None:
+                return span
+            time.sleep(0.2)
+        raise HarnessError(
+            f"no Spark job of {list(dates)} ran for {after:g} s within {timeout:g} s"
+        )
+
+    def kill_task(self, span: Span, kind: str = "kill") -> Fault:
+        """kill -9 the Airflow task process that runs ``span``'s Spark job, and everything under
+        it (spark-submit, JVM, Python driver): what losing the worker does to the job."""
+        import psutil
+
+        assert self.observer is not None and span.pid is not None
+        task_pid = psutil.Process(span.pid).ppid()  # spark-submit's JVM runs under the task
+        at = time.time()
+        pids = kill_tree(task_pid, 9)
+        logger.info("killed task process %s of %s (%s) and %s", task_pid, span.region,
+                    span.date, pids[1:])
+        return self.observer.fault(
+            Fault(kind, span.region, span.date, at, pids, detail=f"task pid {task_pid}")
+        )
+
+
+def log_to_file(path: Path) -> None:
+    """Send every log record (ours, librdkafka's, Airflow's) to ``path``; the console shows
+    only the demo's own progress."""
+    import airflow.sdk  # noqa: F401 - Airflow configures logging on import: let it, then replace
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def task_pids(region: AirflowRegion, run_id: str, task_id: str) -> list[int]:
+    """Pids of the Airflow task process(es) running ``task_id`` of ``run_id`` in ``region``
+    (the process whose title carries the task instance's id), without their children."""
+    import psutil
+
+    ti = region.task_instances(DAG_ID, run_id).get(task_id) or {}
+    ti_id = ti.get("id")
+    if not ti_id:
+        return []
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if ti_id in " ".join(proc.info["cmdline"] or []):
+            found.append(proc.pid)
+    return found
+
+
+_REASON = re.compile(r"(Fenced[^\n]*|[^\n]*superseded[^\n]*|[^\n]*isn't defined[^\n]*)")
+
+
+def failure_reason(log: str) -> str:
+    """The fencing (or other) reason a failed task logged: its last matching line, else its
+    last ERROR line."""
+    matches = _REASON.findall(log)
+    if matches:
+        return matches[-1].strip()[:300]
+    errors = [line for line in log.splitlines() if line.startswith("error")]
+    return errors[-1][:300] if errors else ""
+
+
+def is_fence(reason: str) -> bool:
+    """Whether a failure reason says the task was fenced or superseded."""
+    text = reason.lower()
+    return "fenced" in text or "superseded" in text

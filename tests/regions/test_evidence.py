@@ -1,0 +1,86 @@
+"""The demo's and chaos suite's checks catch what they claim to catch (no components needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neli_orchestrate.demo.evidence import Fault, Observer, Span, assess
+
+A, B = "us-east-1", "eu-west-1"
+DATE = "2013-01-01"
+KEY = f"nycflights_daily/{DATE}T00:00:00+00:00"
+
+
+@dataclass
+class Rec:
+    run_key: str
+    state: str
+    token: int
+    deployment: str
+    at: float
+
+
+def observer(executions: list[Span], faults: list[Fault] = ()) -> Observer:
+    obs = Observer([], "127.0.0.1:9", {})
+    obs.started_at = 0.0
+    obs.executions = list(executions)
+    obs.faults = list(faults)
+    return obs
+
+
+def takeover_history() -> list[Rec]:
+    return [
+        Rec(KEY, "CLAIMED", 1, A, 1.0),
+        Rec(KEY, "RUNNING", 1, A, 2.0),
+        Rec(KEY, "CLAIMED", 5, B, 20.0),
+        Rec(KEY, "RUNNING", 5, B, 21.0),
+        Rec(KEY, "COMPLETED", 5, B, 40.0),
+    ]
+
+
+def check(history, executions, faults=(), sink=5):
+    return assess(observer(executions, faults), history, [DATE], lambda d: KEY,
+                  sink_token=lambda d: sink)
+
+
+def test_a_clean_takeover_has_no_duplicates_and_no_lost_runs() -> None:
+    kill = Fault("kill", A, DATE, 10.0)
+    report = check(
+        takeover_history(),
+        [Span(A, DATE, 3.0, 10.0, 1), Span(B, DATE, 22.0, 39.0, 5)],
+        [kill],
+    )
+    assert (report.duplicates, report.lost) == (0, 0), report.problems
+    (outcome,) = report.dates
+    assert (outcome.ran_in, outcome.token, outcome.takeovers) == (B, 5, 1)
+    assert outcome.takeover_seconds == [10.0]
+
+
+def test_two_completions_of_one_run_key_are_a_duplicate() -> None:
+    history = [*takeover_history(), Rec(KEY, "COMPLETED", 5, B, 41.0)]
+    report = check(history, [])
+    assert report.duplicates == 1 and "COMPLETED 2 times" in report.problems[0]
+
+
+def test_live_executions_overlapping_in_time_are_a_duplicate() -> None:
+    # the mutation "gate with fencing disabled": the superseded job keeps running
+    report = check(takeover_history(), [Span(A, DATE, 3.0, 30.0, 1), Span(B, DATE, 22.0, 39.0, 5)])
+    assert report.duplicates == 1 and "ran at once" in report.problems[0]
+
+
+def test_a_frozen_zombie_is_not_a_live_duplicate_but_its_resumed_run_is() -> None:
+    executions = [Span(A, DATE, 3.0, 30.0, 1), Span(B, DATE, 22.0, 39.0, 5)]
+    frozen = Fault("stop", A, DATE, 8.0, resumed_at=29.5)
+    assert check(takeover_history(), executions, [frozen]).duplicates == 0
+    # resumed at 24 s and not fenced: it ran on beside the new owner for 6 s
+    early = Fault("stop", A, DATE, 8.0, resumed_at=24.0)
+    assert check(takeover_history(), executions, [early]).duplicates == 1
+
+
+def test_output_published_under_another_token_is_a_duplicate() -> None:
+    assert check(takeover_history(), [], sink=1).duplicates == 1
+
+
+def test_a_date_never_completed_is_lost() -> None:
+    report = check(takeover_history()[:-1], [], sink=None)
+    assert report.lost == 1 and report.dates[0].ran_in is None

@@ -1,0 +1,48 @@
+"""LocalKafkaCluster: three real KRaft nodes, RF 3 / min ISR 2; a killed leader is replaced."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import pytest
+
+from neli_orchestrate.testing.local_kafka import LocalKafkaCluster
+
+pytestmark = [pytest.mark.kafka]
+
+
+@pytest.mark.timeout(600)
+def test_cluster_replicates_three_ways_and_survives_its_partition_leader_kill_9() -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+    with LocalKafkaCluster() as cluster:
+        quiet = {"bootstrap.servers": cluster.bootstrap_servers,
+                 "logger": logging.getLogger("test.librdkafka")}
+        admin = AdminClient(quiet)
+        topic = f"ledger-{uuid.uuid4().hex[:8]}"
+        # replication factor -1: the broker default, as the ledger and leader topics do
+        admin.create_topics([NewTopic(topic, 1, -1)])[topic].result(30)
+        deadline = time.monotonic() + 60
+        while True:
+            partition = admin.list_topics(topic, timeout=10).topics[topic].partitions[0]
+            if len(partition.replicas) == 3 and len(partition.isrs) == 3:
+                break
+            assert time.monotonic() < deadline, (partition.replicas, partition.isrs)
+            time.sleep(0.5)
+        configs = admin.describe_configs([ConfigResource("topic", topic)])
+        (result,) = configs.values()
+        assert result.result(30)["min.insync.replicas"].value == "2"
+
+        leader = cluster.leader_of(topic)
+        cluster.kill(leader)
+        producer = Producer({**quiet, "acks": "all", "message.timeout.ms": 60000})
+        producer.produce(topic, b"after the kill")
+        assert producer.flush(90) == 0
+        deadline = time.monotonic() + 60
+        while cluster.leader_of(topic) in (leader, -1):
+            assert time.monotonic() < deadline, "no new leader"
+            time.sleep(0.5)
+        cluster.restart(leader)
