@@ -81,7 +81,9 @@ def many(args: dict) -> int:  # type: ignore[type-arg]
                                              f" {run.outcome}")
                     if run.outcome is Outcome.WAIT:
                         pending.append(run_key)
-                        time.sleep(0.05)  # busy role: ask again shortly, as a gate would
+                        # busy role: ask again after a pause, as a gate or a Dagster step
+                        # does; polling membership and the ledger flat out loads the broker
+                        time.sleep(0.5)
             except FencedError as exc:
                 # Safe, but a fault: the test decides whether it may happen. Try again later,
                 # as an orchestrator's retry would.
