@@ -226,7 +226,7 @@ class AirflowRegion:
         self.worker_log_port = free_port()
         self.trigger_log_port = free_port()
         self.marker = f"{config.name}-{uuid.uuid4().hex[:12]}"
-        self._jwt_secret = secrets.token_hex(24)
+        self._jwt_secret = secrets.token_hex(32)  # 64 bytes: the HS512 minimum
         self.fernet_key = new_fernet_key()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
