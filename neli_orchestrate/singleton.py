@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
-from neli_orchestrate.core.kafka import is_authorization_error
+from neli_orchestrate.core.kafka import LoginRefusal, is_authorization_error
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
@@ -415,6 +415,7 @@ class Singleton:
         self._membership: Callable[[str], int] = membership or (
             self._describe_members if neli_factory is None else (lambda group: 0))
         self._admin: Any = None
+        self._login = LoginRefusal()
 
     # -- public API --------------------------------------------------------------------------
 
@@ -447,6 +448,7 @@ class Singleton:
             if self._admin is None:
                 self._admin = AdminClient({**_client_settings(neli.kafka_config),
                                            "bootstrap.servers": neli.bootstrap_servers,
+                                           "error_cb": self._login,
                                            "logger": logging.getLogger(__name__ + ".librdkafka")})
             admin = self._admin
         timeout = neli.request_timeout
@@ -454,6 +456,10 @@ class Singleton:
             futures = admin.describe_consumer_groups([group], request_timeout=timeout)
             description = futures[group].result(timeout=timeout + 5)
         except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            refused = self._login.error(admin, f"describing consumer group {group!r}",
+                                        neli.bootstrap_servers)
+            if refused is not None:
+                raise refused from exc
             if is_authorization_error(exc):
                 raise AuthorizationError(
                     f"describing consumer group {group!r} was denied ({exc}): grant READ (or"
@@ -818,6 +824,8 @@ class Singleton:
         decision = decide(latest, Claimant(self.config.deployment, "-"), now=self._wall(),
                           policy=self.config.policy)
         busy = f"role {role!r} is busy ({members} member(s) lead or wait for it): not joining"
+        outcome: Outcome
+        until: float | None
         if decision.outcome in (Outcome.SKIP_DONE, Outcome.GIVE_UP):
             outcome, reason, until = decision.outcome, decision.reason, None
         elif decision.outcome is Outcome.WAIT:

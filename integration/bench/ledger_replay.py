@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -64,6 +65,7 @@ def populate(bootstrap: str, topic: str, keys: int, case: str) -> int:
         "linger.ms": 20,
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1_000_000,
+        "logger": logging.getLogger("bench.librdkafka"),
     })
     producer.init_transactions(30)
     now = time.time()

@@ -49,6 +49,7 @@ def on_release(action: Callable[[], None]) -> threading.Thread:
 
 def neli_member(s: dict[str, Any]) -> None:
     import logging
+    import os
 
     from neli_orchestrate.core import (
         LeaderAcquired,
@@ -59,7 +60,9 @@ def neli_member(s: dict[str, Any]) -> None:
         NeliConfig,
     )
 
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(created).4f %(threadName)s %(message)s")
+    if os.environ.get("NELI_BENCH_DEBUG"):
+        logging.getLogger("neli_orchestrate.core.neli").setLevel(logging.DEBUG)
     # Imports are not part of "start" for any peer (kazoo, psycopg are imported first too);
     # the library imports its Kafka client lazily, so import it here.
     import confluent_kafka  # noqa: F401

@@ -49,7 +49,7 @@ def reset_command(role: str, run_key: str) -> str:
     return f"neli-orchestrate ledger reset {quoted} --reason '...'"
 
 
-class RunClaim(dict):  # type: ignore[type-arg]
+class RunClaim(dict[str, Any]):
     """The gate's XCom ``{"token", "run_key", "role", "deployment"}`` (a plain dict for XCom)."""
 
     @classmethod

@@ -107,8 +107,9 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     ),
     "group_protocol": _field(
         "Group protocol",
-        {"type": ["string", "null"], "enum": ["classic", "consumer"]},
-        "Kafka consumer group protocol: 'classic' or 'consumer' (KIP-848, Kafka 4.x).",
+        {"type": ["string", "null"], "enum": ["auto", "classic", "consumer"]},
+        "Kafka consumer group protocol: empty or 'auto' (KIP-848 when the broker supports it, "
+        "else classic; see docs/protocol.md), 'classic' or 'consumer' (KIP-848).",
     ),
     "connect_timeout": _field(
         "Connect timeout (s)",

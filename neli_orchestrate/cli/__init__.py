@@ -6,6 +6,7 @@
     neli-orchestrate ledger history ROLE RUN_KEY    # every record of one run key
     neli-orchestrate doctor                         # each finding with its fix; exit 1 on errors
     neli-orchestrate kafka start [--background]     # a local broker for development
+    neli-orchestrate demo [--keep]                  # two Airflow regions, each date once
 
 Read commands print tables, or JSON with ``--json``. Cluster options (``--bootstrap-servers``,
 ``--namespace``, ``-X key=value``) also come from ``NELI_BOOTSTRAP_SERVERS`` and
@@ -19,6 +20,7 @@ import sys
 
 import click
 
+from neli_orchestrate.cli.demo import demo
 from neli_orchestrate.cli.doctor import doctor
 from neli_orchestrate.cli.kafka import kafka
 from neli_orchestrate.cli.ledger import ledger
@@ -51,6 +53,7 @@ cli.add_command(status)
 cli.add_command(ledger)
 cli.add_command(doctor)
 cli.add_command(kafka)
+cli.add_command(demo)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from rich.text import Text
 from neli_orchestrate.cli._context import Target, connection_options, group_prefix
 from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
 from neli_orchestrate.core.config import PROFILES, NeliConfig
+from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import ConfigError
 
 __all__ = ["Finding", "broker_config", "describe_config", "diagnose", "doctor"]
@@ -83,6 +84,7 @@ class _Doctor:
         self.admin: Any = None
         self.broker: dict[str, str] | None = None
         self.brokers = 0
+        self.protocol: str = neli.resolved.group_protocol
 
     def add(self, check: str, level: str, message: str, fix: str = "") -> None:
         self.findings.append(Finding(check, level, message, fix))
@@ -113,16 +115,18 @@ class _Doctor:
         return True
 
     def kip848(self) -> None:
+        r = self.neli.resolved
+        self.protocol, why = choose_group_protocol(self.broker, r)
+        self.add("kip-848", OK, f"members use the {self.protocol} group protocol: {why}")
         if self.broker is None:
             return
         protocols = self.broker.get("group.coordinator.rebalance.protocols", "classic")
         supported = "consumer" in [p.strip() for p in protocols.split(",")]
-        r = self.neli.resolved
         if supported:
             self.add("kip-848", OK, f"the broker supports group.protocol=consumer (KIP-848): "
                      f"group.coordinator.rebalance.protocols={protocols}")
         else:
-            level = ERROR if r.group_protocol == "consumer" else WARNING
+            level = ERROR if self.protocol == "consumer" else WARNING
             self.add("kip-848", level,
                      f"the broker does not offer the KIP-848 protocol "
                      f"(group.coordinator.rebalance.protocols={protocols})",
@@ -155,8 +159,10 @@ class _Doctor:
             return
         session_ms = round(r.session_timeout * 1000)
         heartbeat_ms = round(r.group_heartbeat_interval * 1000)
-        classic = WARNING if r.group_protocol == "consumer" else ERROR
-        consumer = WARNING if r.group_protocol == "classic" else ERROR
+        # the protocol the members will use must accept the timings; the other one only matters
+        # if the deployments switch
+        classic = ERROR if self.protocol == "classic" else WARNING
+        consumer = ERROR if self.protocol == "consumer" else WARNING
         self._range("timeouts", session_ms, "group.min.session.timeout.ms",
                     "group.max.session.timeout.ms", "classic-protocol session timeout", classic)
         self._range("timeouts", session_ms, "group.consumer.min.session.timeout.ms",
@@ -165,7 +171,7 @@ class _Doctor:
         self._range("timeouts", heartbeat_ms, "group.consumer.min.heartbeat.interval.ms",
                     "group.consumer.max.heartbeat.interval.ms", "KIP-848 heartbeat interval",
                     consumer)
-        if r.group_protocol == "consumer":
+        if self.protocol == "consumer":
             default = int(self.broker.get("group.consumer.session.timeout.ms", "45000")) / 1000
             if r.heartbeat_timeout + r.clock_error >= default:
                 self.add("timeouts", WARNING,
@@ -425,8 +431,8 @@ _STYLE = {OK: Text("ok", style="green"), WARNING: Text("warning", style="yellow"
 @connection_options
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
               show_default=True, help="timing profile the deployments use")
-@click.option("--group-protocol", type=click.Choice(["classic", "consumer"]), default="classic",
-              show_default=True, help="group protocol the deployments use")
+@click.option("--group-protocol", type=click.Choice(["auto", "classic", "consumer"]),
+              default="auto", show_default=True, help="group protocol the deployments use")
 @click.option("--session-timeout", type=float, default=None,
               help="session timeout in seconds (default: from the profile)")
 @click.option("--heartbeat-timeout", type=float, default=None,

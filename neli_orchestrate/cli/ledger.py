@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import click
@@ -158,7 +159,7 @@ def history(target: Target, role: str, run_key: str, as_json: bool) -> int:
     if not entries:
         raise fail(f"the ledger {read.topic!r} has no record of role {role!r} run key "
                    f"{run_key!r}")
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for e in entries:
         r = e.record
         if r is None:
@@ -180,12 +181,13 @@ def history(target: Target, role: str, run_key: str, as_json: bool) -> int:
 @click.argument("run_key")
 @click.option("--reason", required=True,
               help="who asks and why; written to the ledger for the audit trail")
-@click.option("--deployment", envvar="NELI_DEPLOYMENT", required=True,
-              help="the deployment recorded as resetting it [env NELI_DEPLOYMENT]")
+@click.option("--deployment", envvar="NELI_DEPLOYMENT",
+              default=lambda: f"cli@{socket.gethostname()}", show_default="cli@<host>",
+              help="who is recorded as resetting it [env NELI_DEPLOYMENT]")
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
               show_default=True, help="timing profile of the role's group")
-@click.option("--group-protocol", type=click.Choice(["classic", "consumer"]), default="classic",
-              show_default=True, help="group protocol of the role's group")
+@click.option("--group-protocol", type=click.Choice(["auto", "classic", "consumer"]),
+              default="auto", show_default=True, help="group protocol of the role's group")
 @click.option("--acquire-timeout", type=float, default=60.0, show_default=True,
               help="seconds to wait to lead the role (only the leader writes the ledger)")
 @json_option

@@ -206,30 +206,66 @@ class NeliConfig:
        by the member's consumer, producer and admin client (security settings go here).
     """
 
+    #: Kafka bootstrap servers, ``host:port[,host:port]``.
     bootstrap_servers: str = "localhost:9092"
+    #: Consumer group of the member (None: ``<program name>.neli-group``). SingletonConfig derives
+    #: it from the namespace.
     group_id: str | None = None
+    #: Leader (heartbeat) topic (None: ``<group_id>.neli``).
     topic: str | None = None
+    #: Member name carried in heartbeats and ``client.id`` (None: ``host_pid_time``).
     name: str | None = None
+    #: Seconds a leader may go without reading back its own heartbeat before it fences itself (None:
+    #: a third of the session timeout; three times it for non-exclusive Full NELI).
     heartbeat_timeout: float | None = None
+    #: Longest pause between polls while pulsing, seconds (None: from the profile, at most a quarter
+    #: of heartbeat_timeout).
     min_poll_interval: float | None = None
+    #: Extra librdkafka settings shared by the member's consumer, producer and admin client
+    #: (security.protocol, sasl.*, ssl.*); protocol-owned settings are refused.
     kafka_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: Timing profile the unset timings come from: ``default`` (WAN) or ``fast`` (one data centre).
     profile: str = "default"
+    #: ``fast`` (Fast NELI, own heartbeat proves leadership) or ``full`` (the paper's timestamp
+    #: vector).
     mode: Mode = "fast"
+    #: At most one leader (True), or at least one leader (False, Full NELI only).
     exclusive: bool = True
+    #: Roles this member contends for; role j leads through partition j mod M.
     roles: tuple[Role, ...] = (0,)
+    #: Partition count the leader topic must have (None: accept the topic's; create it with one per
+    #: role).
     partitions: int | None = None
+    #: Create the leader topic if it is missing.
     create_topic: bool = True
+    #: Topic settings used when creating the leader topic.
     topic_config: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: ``auto`` (KIP-848 when the broker supports it, else classic), ``classic`` or ``consumer``
+    #: (KIP-848; session and heartbeat become group settings at the broker).
     group_protocol: GroupProtocol = "auto"
+    #: Partition assignor: cooperative-sticky (classic), or uniform/range/None (consumer).
     assignor: str | None = None
+    #: Group session timeout, seconds (None: from the profile); a crashed member is replaced after
+    #: about this long.
     session_timeout: float | None = None
+    #: Group heartbeat interval, seconds (None: from the profile).
     group_heartbeat_interval: float | None = None
+    #: How often the leader writes a heartbeat, seconds (None: from the profile, at most a quarter
+    #: of heartbeat_timeout).
     heartbeat_interval: float | None = None
+    #: Rebalance timeout (``max.poll.interval.ms``), seconds (None: from the profile, at least the
+    #: session timeout).
     max_poll_interval: float | None = None
+    #: How long the revoke barrier may hold a routine hand-over, seconds (None: 0.8 x
+    #: max_poll_interval); past it the member is fenced.
     revoke_timeout: float | None = None
+    #: ``fetch.wait.max.ms`` in seconds (None: from the profile).
     fetch_wait_max: float | None = None
+    #: Allowed clock error between hosts, seconds (None: from the profile).
     clock_error: float | None = None
+    #: KIP-848: write the session and heartbeat settings to the group at the broker.
     apply_group_config: bool = True
+    #: Seconds for admin requests at start-up (topic and group checks).
     request_timeout: float = 10.0
     release_hints: bool = True
     """Fast NELI: a closing leader writes a release hint after leaving the group, and

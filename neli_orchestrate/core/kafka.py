@@ -34,6 +34,7 @@ __all__ = [
     "GroupConsumer",
     "HeartbeatProducer",
     "KafkaClients",
+    "LoginRefusal",
     "LeaderTopicAdmin",
     "LeaderTopicWatcher",
     "OFFSET_END",
@@ -246,6 +247,33 @@ def is_authorization_error(error: object) -> bool:
     return authorization_denied(_error_name(error), str(getattr(error, "str", str)()))
 
 
+class LoginRefusal:
+    """An ``error_cb`` that remembers a refused SASL login.
+
+    librdkafka reports bad credentials only through the error callback; the request that
+    failed meanwhile says no more than ``_TRANSPORT`` or ``_TIMED_OUT``.
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def __call__(self, err: Any) -> None:
+        if _error_name(err) in ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"):
+            self.reason = str(err.str())
+
+    def error(self, client: Any, what: str, servers: object) -> PermanentKafkaError | None:
+        """The error to raise for a failed request, if the login was refused (serves ``client``'s
+        callbacks first); None otherwise."""
+        with contextlib.suppress(Exception):
+            client.poll(0)
+        if self.reason is None:
+            return None
+        return PermanentKafkaError(
+            f"{what} failed: the cluster at {servers!r} refused this client's credentials "
+            f"({self.reason}); check sasl.username, sasl.password, sasl.mechanism and "
+            f"security.protocol")
+
+
 # -- librdkafka settings -------------------------------------------------------------------------
 
 def _ms(seconds: float) -> int:
@@ -361,9 +389,6 @@ class _ConfluentConsumer:
         self._topic = topic
         self._listener: RebalanceListener | None = None
         self._classic = settings.get("group.protocol", "classic") == "classic"
-        # the same topic, spelt as an anchored regex (librdkafka: '^' starts a regex)
-        self._alias = "^" + topic.replace(".", "[.]") + "$"
-        self._aliased = False
         conf = dict(settings)
         conf["on_commit"] = self._on_commit
         self._consumer = Consumer(conf)
@@ -377,15 +402,12 @@ class _ConfluentConsumer:
                                  on_lost=self._on_lost)
 
     def rejoin(self) -> None:
-        if not self._classic:
-            # KIP-848: a subscribe call makes librdkafka send its next heartbeat at once
-            self._subscribe([self._topic])
+        if self._classic:
+            # Never touch a classic group's subscription to hurry it: changing it while a join
+            # is in flight aborts librdkafka (rd_kafka_cgrp_modify_subscription assertion).
             return
-        # Classic: librdkafka ignores a subscribe with an unchanged topic list, but rejoins at
-        # once when the list changes. Alternate between two spellings of the same topic: the
-        # member subscribes to exactly one topic either way, only the JoinGroup is sent now.
-        self._aliased = not self._aliased
-        self._subscribe([self._topic, self._alias] if self._aliased else [self._topic])
+        # KIP-848: a subscribe call makes librdkafka send its next heartbeat at once
+        self._subscribe([self._topic])
 
     def _tps(self, partitions: Sequence[int], starts: Mapping[int, int] | None = None) -> list[Any]:
         from confluent_kafka import OFFSET_INVALID, TopicPartition
@@ -536,28 +558,19 @@ class _ConfluentAdmin:
         from confluent_kafka.admin import AdminClient
 
         self._servers = settings.get("bootstrap.servers")
-        self._auth_error: str | None = None
+        self._login = LoginRefusal()
         conf = dict(settings)
-        conf.setdefault("error_cb", self._on_error)
+        conf.setdefault("error_cb", self._login)
         self._admin = AdminClient(conf)
-
-    def _on_error(self, err: Any) -> None:
-        # A rejected login shows up only here; the failed request itself says _TRANSPORT.
-        if _error_name(err) in ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED"):
-            self._auth_error = str(err.str())
 
     def _unavailable(self, what: str, exc: BaseException, fix: str = "") -> NeliError:
         code = ""
         args = getattr(exc, "args", ())
         if args and hasattr(args[0], "name"):
             code = _error_name(args[0])
-        with contextlib.suppress(Exception):
-            self._admin.poll(0)  # serve error_cb: was the login refused?
-        if self._auth_error is not None:
-            return PermanentKafkaError(
-                f"{what} failed: the cluster at {self._servers!r} refused this client's "
-                f"credentials ({self._auth_error}); check sasl.username, sasl.password, "
-                f"sasl.mechanism and security.protocol")
+        refused = self._login.error(self._admin, what, self._servers)
+        if refused is not None:
+            return refused
         if authorization_denied(code):
             return AuthorizationError(
                 f"{what} was denied by the broker ({code}): {fix or 'grant the ACL it needs'};"

@@ -88,8 +88,9 @@ _MAX_PENDING = 1024     # own heartbeats awaiting read-back, per partition
 # before its LeaveGroup, so it can overtake the leave: a KIP-848 heartbeat that arrives first
 # brings nothing new (retry soon); a classic rejoin starts a rebalance that the leave then
 # completes (one retry, late, in case the rejoin itself was lost).
-_NUDGE_RETRIES = {"consumer": (0.03, 0.1, 0.25), "classic": (0.25,)}
-_NUDGE_RETRY = 0.25   # the last retry of either protocol
+_NUDGE_RETRIES = (0.03, 0.1, 0.25)  # KIP-848 only: classic groups get no hints
+_NUDGE_RETRY = _NUDGE_RETRIES[-1]
+_BURST_STEP = 0.05    # KIP-848: nudge spacing around a silent leader's session deadline
 _HINT_FLUSH = 0.5       # how long close() waits for its release hints to be written
 
 
@@ -229,7 +230,9 @@ class Neli:
         self._watched: tuple[int, ...] = ()
         self._seen: dict[int, float] = {}      # watched partition -> when a record was read
         self._retry_nudge: float | None = None
+        self._watch_started = False
         self._nudge_plan: list[float] = []
+        self._silence_seen: dict[int, float] = {}  # partition -> last record already acted on
         self._hinted: set[int] = set()          # partitions whose release hint is written
 
         clients: KafkaClients = kafka if kafka is not None else ConfluentKafka()
@@ -263,9 +266,13 @@ class Neli:
         try:
             self._producer = clients.producer(producer_settings(r), r.topic)
             self._consumer = clients.consumer(consumer_settings(r), r.topic)
-            if r.release_hints:
+            if r.release_hints and r.group_protocol == "consumer":
+                # Classic groups get no hint watcher: the only way to make librdkafka rejoin a
+                # classic group at once is to change the subscription, and doing that while a
+                # join is in flight aborts the process (rd_kafka_cgrp_modify_subscription
+                # assertion, seen under load). Classic hand-over waits for the group heartbeat.
+                # Positioned at the first pulse: nothing is read before, and start stays short.
                 self._watcher = clients.watcher(watcher_settings(r), r.topic)
-                self._rewatch()
             self._consumer.subscribe(_Listener(self))
         except Exception as exc:
             self._release_clients()
@@ -390,6 +397,9 @@ class Neli:
             if self._closing.is_set():
                 return False
             self._raise_if_fatal()
+            if self._watcher is not None and not self._watched and not self._watch_started:
+                self._watch_started = True
+                self._rewatch()
             clock = self._clock
             start = clock.monotonic()
             if timeout == 0 and start - self._last_poll < self._r.min_poll_interval:
@@ -445,13 +455,16 @@ class Neli:
     def close(self) -> None:
         """Hand leadership over and leave the group at once; idempotent, any thread.
 
-        Runs the revoke barrier (``LeaderRevoked``) for every role led, then leaves the group
-        so that a successor is assigned immediately (no static membership, no session wait).
-        Waits for a pulse in progress on another thread (at most about 0.1 s, plus a barrier
-        that is running). Must not be called from inside the barrier.
+        Runs the revoke barrier (``LeaderRevoked``) for every role led, writes a release hint
+        (followers then ask for the partition at once) and leaves the group, so that a
+        successor is assigned within milliseconds (no static membership, no session wait,
+        no wait for the successor's group heartbeat). A pulse in progress on another thread is
+        woken with an extra own heartbeat; close waits for it (and for a running barrier).
+        Must not be called from inside the barrier.
         """
         self._refuse_in_barrier("close()")
         self._closing.set()
+        self._wake_poller()
         with self._io_lock:
             if self._closed.is_set():
                 return
@@ -490,6 +503,25 @@ class Neli:
             "leader" if self.is_leader else "follower")
         return (f"Neli(member={self._member_id!r}, group={self._r.group_id!r}, "
                 f"topic={self._r.topic!r}, {state})")
+
+    def _wake_poller(self) -> None:
+        """End a pulse that blocks in the Kafka poll on another thread, so close() need not wait.
+
+        The consumer cannot be woken from another thread (its calls block while it polls), but
+        it wakes up for a record on a partition it reads: an extra heartbeat of our own.
+        """
+        if self._closed.is_set() or self._producer is None \
+                or not isinstance(self._state, FastNeliState):
+            return
+        now, wall = self._clock.monotonic(), self._clock.time()
+        try:
+            for p in self._state.assigned_partitions():
+                if p in self._state.partition_roles:
+                    key, value = self._state.heartbeat_for(p, now, wall).encode()
+                    self._producer.send(p, key, value)
+        except Exception:  # noqa: BLE001 - then close() waits for the poll slice instead
+            log.debug("waking the polling thread of member %s failed", self._member_id,
+                      exc_info=True)
 
     def _write_release_hints(self, partitions: Sequence[int]) -> None:
         """Tell followers watching ``partitions`` to ask the coordinator for them now.
@@ -558,6 +590,7 @@ class Neli:
         if not watched:
             self._retry_nudge = None
             self._nudge_plan = []
+            self._silence_seen.clear()
         try:
             self._watcher.watch(watched)
         except Exception as exc:  # noqa: BLE001 - without hints hand-overs are only slower
@@ -605,14 +638,45 @@ class Neli:
                   hint.member, partition)
         self._seen.pop(partition, None)   # the leader is gone: the group comes first now
         self._nudge(now)
-        self._nudge_plan = [now + d for d in _NUDGE_RETRIES[self._r.group_protocol]]
-        self._retry_nudge = self._nudge_plan.pop(0)
+        self._plan_nudges([now + d for d in _NUDGE_RETRIES])
+
+    def _plan_nudges(self, times: Sequence[float]) -> None:
+        self._nudge_plan = sorted(set(self._nudge_plan) | set(times))
+        self._retry_nudge = self._nudge_plan[0] if self._nudge_plan else None
 
     def _nudge_if_due(self, now: float) -> None:
+        self._check_silence(now)
         if self._retry_nudge is not None and now >= self._retry_nudge:
-            self._retry_nudge = self._nudge_plan.pop(0) if self._nudge_plan else None
+            while self._nudge_plan and self._nudge_plan[0] <= now:
+                self._nudge_plan.pop(0)
+            self._retry_nudge = self._nudge_plan[0] if self._nudge_plan else None
             if self._watched:
                 self._nudge(now)
+
+    def _check_silence(self, now: float) -> None:
+        """A watched partition went quiet: its leader died, stalls, or runs a long barrier.
+
+        The coordinator hands the partition over only when the leader's session ends, at an
+        instant this member cannot know exactly (about the leader's last record plus the
+        session timeout). Learning of it at the next group heartbeat would add up to one
+        interval; KIP-848 members heartbeat every 50 ms around the expected deadline instead
+        (a heartbeat changes nothing at the coordinator, so this is safe whatever the leader
+        is doing). Classic members do nothing: a rejoin starts a rebalance, and a leader that
+        is quiet because its revoke barrier runs inside ``close()`` would then lose the
+        partition before its barrier returns (observed with librdkafka 2.16).
+        """
+        if self._r.group_protocol == "classic":
+            return
+        quiet = 2 * self._r.heartbeat_interval
+        for p in self._watched:
+            last = self._seen.get(p)
+            if last is None or self._silence_seen.get(p) == last or now - last < quiet:
+                continue
+            self._silence_seen[p] = last
+            if self._r.group_heartbeat_interval > 2 * _BURST_STEP:
+                first = last + self._r.session_timeout - self._r.group_heartbeat_interval
+                count = int((self._r.group_heartbeat_interval + quiet) / _BURST_STEP) + 1
+                self._plan_nudges([max(now, first + i * _BURST_STEP) for i in range(count)])
 
     def _nudge(self, now: float) -> None:
         """Ask the coordinator for our assignment now. Grants nothing by itself."""

@@ -105,7 +105,8 @@ def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, fl
     current = admin.group_config(r.group_id, r.request_timeout)
     # Every member of the group writes the same values: only the first needs to. Reading is
     # one round trip to a broker; a change goes through the controller (slower start).
-    already = bool(current) and all(current.get(k) == v for k, v in wanted.items())
+    already = current is not None and bool(current) and all(
+        current.get(k) == v for k, v in wanted.items())
     if r.apply_group_config and not already:
         try:
             admin.alter_group_config(r.group_id, wanted, r.request_timeout)

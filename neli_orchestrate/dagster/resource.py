@@ -91,8 +91,9 @@ class NeliResource(dg.ConfigurableResource):
     )
     group_protocol: str | None = Field(
         default=None,
-        description="Kafka group protocol of the roles' consumer groups: 'consumer' (KIP-848) "
-        "or 'classic'; None: the package default. Must be the same in every deployment.",
+        description="Kafka group protocol of the roles' consumer groups: None or 'auto' "
+        "(KIP-848 when the broker supports it and accepts the session timeout, else classic; "
+        "the choice is logged), 'consumer' (KIP-848) or 'classic'.",
     )
     handoff_timeout: float = Field(
         default=300.0,
@@ -295,7 +296,9 @@ class NeliResource(dg.ConfigurableResource):
             # Superseded: a newer token owns the run (the ledger or a token-checked sink said
             # so). Retrying here could only fail again, so the step fails for good.
             if run is None:
-                raise
+                # Fenced while claiming, before any work: nothing ran here, so a retry (if the
+                # step has a retry policy) may decide again: skip, wait, or take over.
+                raise _fenced_before_work(context, self.deployment, role, run_key, exc) from exc
             raise run.fence_failure(exc) from exc
         except Exception as exc:
             # The cancelled Spark job (or anything the fence broke) surfaces as its own error;
@@ -376,6 +379,24 @@ class NeliResource(dg.ConfigurableResource):
             f"({remaining:.0f}s left in this attempt)"
         )
         self._sleep(pause)
+
+
+def _fenced_before_work(
+    context: Any, deployment: str, role: str, run_key: str, exc: Exception
+) -> dg.Failure:
+    message = (
+        f"neli: fenced: deployment {deployment!r} lost role {role!r} while claiming run key "
+        f"{run_key!r}, before any work ran: {exc}"
+    )
+    context.log.error(message)
+    metadata: dict[str, Any] = {"deployment": deployment, "role": role, "run_key": run_key}
+    if getattr(exc, "token", None) is not None:
+        metadata["token"] = exc.token  # type: ignore[attr-defined]
+    return dg.Failure(
+        description=f"{message}. Nothing ran here; a retry decides again from the ledger.",
+        metadata=metadata,
+        allow_retries=True,
+    )
 
 
 def _retry_number(context: Any) -> int:

@@ -613,6 +613,7 @@ def ledger_history(
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
+            "logger": logger,
         }
     )
     try:

@@ -62,7 +62,9 @@ class KafkaLedgerConfig:
     overridden there.
     """
 
+    #: Kafka bootstrap servers, ``host:port[,host:port]``.
     bootstrap_servers: str
+    #: The compacted ledger topic (SingletonConfig: ``<namespace>.ledger``).
     topic: str = DEFAULT_LEDGER_TOPIC
     #: Partitions of the ledger topic. Fixed for the topic's life: changing it would move roles
     #: to other partitions, away from their history. An existing topic must match.
@@ -72,10 +74,12 @@ class KafkaLedgerConfig:
     #: ``transactional.id`` = prefix + role; None means ``"<topic>:"``. Every deployment of the
     #: same ledger must use the same prefix, or leaders will not fence each other.
     transactional_id_prefix: str | None = None
+    #: Client settings (security.protocol, sasl.*, ssl.*); ledger-owned settings are refused.
     kafka_config: Mapping[str, Any] = field(default_factory=dict)
     #: Extra topic configs at creation (``cleanup.policy=compact`` is always set;
     #: ``segment.ms`` defaults to one hour so compaction can reach recent records).
     topic_config: Mapping[str, str] = field(default_factory=dict)
+    #: Create the topic (compacted) if it is missing; needs CREATE on it.
     create_topic: bool = True
     #: Seconds a replay may take before KafkaUnavailableError. A writer that died inside a
     #: transaction holds the last stable offset of its partition until a newer leader of its

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from neli_orchestrate.errors import UnreadableRecordError
 from neli_orchestrate.ledger.record import (
     LedgerError,
     LedgerRecord,
@@ -37,13 +38,34 @@ class Replay:
     #: How many messages of this role were ignored (malformed or unknown version).
     ignored: int = 0
     #: Run keys whose newest message could not be read (an older readable one may be in
-    #: ``records``); ``singleton`` may refuse to decide on them.
+    #: ``records``): :meth:`latest` refuses them.
     unreadable: tuple[str, ...] = ()
     #: Highest token of any record of the role seen in this replay.
     max_token: int = -1
+    #: For each run key in ``unreadable``: the offset of its newest message and why it could
+    #: not be read.
+    unreadable_at: Mapping[str, tuple[int, str]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     def latest(self, run_key: str) -> LedgerRecord | None:
-        """The latest readable record of ``run_key``, or None if there is none."""
+        """The latest record of ``run_key``, or None if it has none.
+
+        Raises :class:`~neli_orchestrate.errors.UnreadableRecordError` if the run key's newest
+        record cannot be read (a newer schema version, corruption, a token above its offset):
+        deciding from the older record before it could run a completed run again, or take
+        over a live claim. Observers that want the older record read :attr:`records`.
+        """
+        problem = self.unreadable_at.get(run_key)
+        if problem is not None:
+            offset, why = problem
+            raise UnreadableRecordError(
+                f"the newest ledger record of run {run_key!r} (role {self.role!r}) is at offset"
+                f" {offset} of the role's ledger partition and cannot be read ({why}); no"
+                " deployment decides from an older record. Fix: if a newer neli-orchestrate"
+                " wrote it, upgrade this deployment; if it is corrupt or was copied in, check"
+                " whether the run happened, then have the role's leader tombstone the run key"
+                " (LedgerWriter.tombstone: it runs again) or leave it until one is written",
+                role=self.role, run_key=run_key, offset=offset)
         return self.records.get(run_key)
 
     @property
@@ -84,7 +106,7 @@ class ReplayBuilder:
         self._prefix = role_key_prefix(role)
         self._skip = len(self._prefix)
         self._records: dict[str, LedgerRecord] = {}
-        self._unreadable: dict[str, None] = {}
+        self._unreadable: dict[str, tuple[int, str]] = {}
         self._ignored = 0
         self._max_token = -1
 
@@ -117,13 +139,14 @@ class ReplayBuilder:
             record = _parse(value, parts)
         except MalformedRecordError as exc:
             self._ignore(key, offset, str(exc))
-            self._unreadable[run_key] = None
+            self._unreadable[run_key] = (offset, str(exc))
             return
         if record.token > offset:
             # A claim's token is the end offset read before it was written, so it can never
             # exceed the record's own offset; this one was copied in from elsewhere.
-            self._ignore(key, offset, f"token {record.token} above its own offset {offset}")
-            self._unreadable[run_key] = None
+            why = f"token {record.token} above its own offset {offset}"
+            self._ignore(key, offset, why)
+            self._unreadable[run_key] = (offset, why)
             return
         self._records[run_key] = record
         self._unreadable.pop(run_key, None)
@@ -153,6 +176,7 @@ class ReplayBuilder:
             ignored=self._ignored,
             unreadable=tuple(self._unreadable),
             max_token=self._max_token,
+            unreadable_at=MappingProxyType(dict(self._unreadable)),
         )
 
 

@@ -16,6 +16,7 @@ MUTATIONS: dict[str, str] = {
     "no_membership_proof": "a member's lease is renewed by its own heartbeats alone (no proof"
     " that the group still counts it as a member)",
     "no_self_fence": "a member ignores missing heartbeats (leads while it thinks it is assigned)",
+    "hint_grants": "a release hint is taken as a grant: the reader leads without an assignment",
     "superseded_by_own_claim": "an executor try refuses to run when its own deployment's later"
     " claim (an earlier try's re-claim) is the latest record, instead of deciding again",
     "fence_before_start_dropped": "a fence landing between the claim check and the start of"

@@ -273,7 +273,24 @@ class Member:
         try:
             yield (CALL, self.sim.broker.leave, (self.role, self.name))
         except KafkaUnavailableError:
-            pass  # the session expires instead
+            return  # the session expires instead
+        self.sim.release_hint(self)
+
+    def on_hint(self, sender: str) -> None:
+        """A release hint (docs/protocol.md, section 5): ask the coordinator now. A nudge only."""
+        if not self.active or not self.proc.alive or self.proc.paused:
+            return
+        kernel = self.sim.kernel
+        now = kernel.now
+        if self.sim.config.mutation == "hint_grants":
+            before = self.leader(now)
+            self.assigned, self.last_hb, self.last_ack_sent = True, now, now
+            if not before and self.leader(now):
+                self.sim.on_leader(self)
+            self._note()
+            return
+        kernel.send(self.proc, self.sim.broker.heartbeat, (self.role, self.name),
+                    self._on_session, now)
 
 
 def _ignore(result: Any, exc: BaseException | None, *extra: Any) -> None:
@@ -1034,6 +1051,18 @@ class Simulation:
 
     # -- S1 -------------------------------------------------------------------------------
 
+    def release_hint(self, member: Member) -> None:
+        """The departing member's hint reaches every other member of the role (produce, then
+        the watchers' fetch: two network delays), unless its deployment is cut off."""
+        for other in self.members[member.role]:
+            if other is not member and other.active:
+                when = self.kernel.now + self.kernel.delay() + self.kernel.delay()
+                self.kernel.at(when, self._deliver_hint, other, member.name)
+
+    def _deliver_hint(self, member: Member, sender: str) -> None:
+        if member.proc.deployment.cut_until <= self.kernel.now:
+            member.on_hint(sender)
+
     def on_leader(self, member: Member) -> None:
         now = self.kernel.now
         self.stats.leader_gains += 1
@@ -1102,8 +1131,8 @@ class Simulation:
             if dep.down:
                 continue
             for role, run_key in self.run_keys:
-                key = (dep.name, role, run_key)
-                if not self.done.get(key) and not self.exhausted.get(key):
+                run = (dep.name, role, run_key)
+                if not self.done.get(run) and not self.exhausted.get(run):
                     # Its tries never ran out and it can reach Kafka, yet it never finished.
                     self.fail(
                         "L1",

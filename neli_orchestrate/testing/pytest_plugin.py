@@ -11,6 +11,8 @@ Fixtures:
 - ``secured_kafka`` (session): a :class:`~neli_orchestrate.testing.secured_kafka.SecuredLocalKafka`
   (SASL/SCRAM, StandardAuthorizer, ACLs), started on first request only, so tests that do not
   ask for it pay nothing. It fails, never skips, when the broker cannot start.
+- ``secured_kafka_tls`` (session): the same over ``SASL_SSL``, its certificate signed by a CA
+  generated per broker (``secured_kafka_tls.ca_location``).
 
 Markers registered here: ``kafka``, ``spark``, ``airflow``, ``dagster`` (tests that need the
 named real component).
@@ -21,12 +23,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 
 from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
+from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
 
 BOOTSTRAP_ENV = "NELI_TEST_BOOTSTRAP_SERVERS"
 
@@ -46,11 +51,48 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _release_capture_streams()
+
+
+def _release_capture_streams() -> None:
+    """Point logging handlers that hold pytest's capture streams back at the real streams.
+
+    A library that configures logging while pytest captures output (Airflow does, on first
+    import inside a test) binds a ``StreamHandler`` to pytest's captured ``sys.stdout``. pytest
+    closes that stream once the session ends, so every record logged afterwards - by a daemon
+    thread still draining, an ``atexit`` hook, a librdkafka client destroyed at exit - ends as
+    a ``--- Logging error ---`` traceback (pytest-dev/pytest#5502, #5282). This runs while the
+    capture streams are still open (``pytest_unconfigure`` precedes pytest's own clean-up).
+    """
+    captured = {id(sys.stdout): sys.__stdout__, id(sys.stderr): sys.__stderr__}
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        for handler in lg.handlers:
+            if not isinstance(handler, logging.StreamHandler) or isinstance(
+                    handler, logging.FileHandler):
+                continue
+            stream = handler.stream
+            if stream is sys.__stdout__ or stream is sys.__stderr__:
+                continue
+            real = captured.get(id(stream))
+            if real is None and type(stream).__module__.startswith("_pytest"):
+                real = sys.__stderr__
+            if real is not None:
+                try:
+                    handler.setStream(real)
+                except ValueError:  # flushing a capture stream that is already closed
+                    handler.stream = real
+
+
 def _check_reachable(bootstrap: str) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000,
-                         "logger": _librdkafka_log})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000,
+                            "logger": _librdkafka_log}
+    admin = AdminClient(conf)
     try:
         admin.list_topics(timeout=10)
     except Exception as exc:  # noqa: BLE001
@@ -85,7 +127,8 @@ def kafka_admin(kafka_broker: str):  # type: ignore[no-untyped-def]
     """An AdminClient connected to ``kafka_broker``."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": kafka_broker, "logger": _librdkafka_log})
+    conf: dict[str, Any] = {"bootstrap.servers": kafka_broker, "logger": _librdkafka_log}
+    return AdminClient(conf)
 
 
 @pytest.fixture
@@ -105,16 +148,29 @@ def new_topic(kafka_admin, request: pytest.FixtureRequest) -> NewTopicFactory:  
 
 
 @pytest.fixture(scope="session")
-def secured_kafka():  # type: ignore[no-untyped-def]
+def secured_kafka() -> Iterator[SecuredLocalKafka]:
     """A broker that authenticates (SASL/SCRAM) and authorizes (ACLs); started lazily."""
-    from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
-
     kafka = SecuredLocalKafka()
     try:
-        kafka.start(timeout=180.0)  # SCRAM set-up adds work; shared CI machines are slow
+        kafka.start(timeout=300.0)  # SCRAM set-up adds work; shared CI machines are slow
     except LocalKafkaError as exc:
         kafka.stop()
         pytest.fail(f"secured Kafka broker could not start: {exc}", pytrace=False)
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka_tls() -> Iterator[SecuredLocalKafka]:
+    """Like ``secured_kafka``, over SASL_SSL with a generated CA (``.ca_location``)."""
+    kafka = SecuredLocalKafka(tls=True)
+    try:
+        kafka.start(timeout=300.0)
+    except LocalKafkaError as exc:
+        kafka.stop()
+        pytest.fail(f"secured TLS Kafka broker could not start: {exc}", pytrace=False)
     try:
         yield kafka
     finally:

@@ -90,8 +90,9 @@ class SecuredLocalKafka(LocalKafka):
         if self._admin_client is None:
             from confluent_kafka.admin import AdminClient
 
-            self._admin_client = AdminClient(
-                {**self.client_settings(), "logger": logging.getLogger(__name__ + ".admin")})
+            conf: dict[str, Any] = {**self.client_settings(),
+                                    "logger": logging.getLogger(__name__ + ".admin")}
+            self._admin_client = AdminClient(conf)
         return self._admin_client
 
     def add_user(self, user: str, password: str | None = None,
@@ -146,8 +147,9 @@ class SecuredLocalKafka(LocalKafka):
         deadline = time.monotonic() + timeout
         last: object = None
         while time.monotonic() < deadline:
-            probe = AdminClient({**settings, "logger": logging.getLogger(__name__ + ".probe"),
-                                 "socket.timeout.ms": 2000})
+            conf: dict[str, Any] = {**settings, "socket.timeout.ms": 2000,
+                                    "logger": logging.getLogger(__name__ + ".probe")}
+            probe = AdminClient(conf)
             try:
                 probe.list_topics(timeout=2)
                 return
@@ -200,7 +202,8 @@ class SecuredLocalKafka(LocalKafka):
                 ["x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
                  "-CAcreateserial", "-out", "broker.crt", "-days", "2",
                  "-extfile", "san.ext"],
-                ["pkcs8", "-topk8", "-v2", "aes-256-cbc", "-in", "broker.key",
+                # Java's PEM reader (Kafka's PEM keystore) cannot decrypt PBES2 keys
+                ["pkcs8", "-topk8", "-v1", "PBE-SHA1-3DES", "-in", "broker.key",
                  "-out", "broker.enc.key", "-passout", "env:NELI_TLS_KEY_PASSWORD"],
             ]
             for step in steps:

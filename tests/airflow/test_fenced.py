@@ -118,7 +118,8 @@ def neli_env_offline(monkeypatch) -> str:
     """A neli_default connection (never contacted by the fake singleton)."""
     monkeypatch.setenv(
         "AIRFLOW_CONN_NELI_DEFAULT",
-        '{"conn_type": "neli", "host": "127.0.0.1:9", "extra": {"deployment": "us-east-1"}}',
+        '{"conn_type": "neli", "host": "127.0.0.1:9", '
+        '"extra": {"deployment": "us-east-1", "namespace": "acme"}}',
     )
     return "neli_default"
 

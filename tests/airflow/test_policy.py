@@ -238,7 +238,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSingleton:
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_NELI_DEFAULT",
-        '{"conn_type": "neli", "host": "127.0.0.1:9", "extra": {"deployment": "us-east-1"}}',
+        '{"conn_type": "neli", "host": "127.0.0.1:9", '
+        '"extra": {"deployment": "us-east-1", "namespace": "acme"}}',
     )
     singleton = FakeSingleton()
     monkeypatch.setattr(NeliHook, "get_singleton", lambda self: singleton)
@@ -298,3 +299,20 @@ def test_a_fence_kills_the_stock_bash_processes_and_fails_the_task(
         thread.join()
     sleeper = int(pid_file.read_text())
     assert not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == "zombie"
+
+
+def test_a_task_function_gets_the_claim_as_its_neli_claim_parameter(
+    tmp_path: Path, fake: Any
+) -> None:
+    bag = load(
+        tmp_path,
+        """
+        @task
+        def job(neli_claim=None):
+            return {"token": neli_claim["token"], "run_key": neli_claim["run_key"]}
+        gate >> job()
+        """,
+    )
+    task = bag.dags["shape"].task_dict["job"]
+    result = task.execute({"ti": ClaimTI(task), "dag": task.dag})
+    assert result == {"token": 7, "run_key": "stock/2013-01-01"}

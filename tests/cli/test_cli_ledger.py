@@ -160,3 +160,14 @@ def test_reset_writes_an_audited_reset_with_a_larger_token(kafka_broker) -> None
     assert missing.code == 1 and "1999-01-01" in missing.stderr
     no_reason = cli("ledger", "reset", *args, "daily", "2013-04-01", "--deployment", "x")
     assert no_reason.code == 2 and "--reason" in no_reason.stderr
+    # twice: nothing left to reset. As the gates' and steps' messages print the command (no
+    # --deployment), the operator's host is recorded.
+    again = cli("ledger", "reset", *args, "daily", "2013-04-01", "--reason", "bob: again")
+    assert again.code == 1 and "already reset" in again.stderr
+    with singleton(kafka_broker, namespace, "us-east-1") as east, \
+            east.claim("daily", "2013-04-02") as run:
+        assert run.should_run
+    plain = cli("ledger", "reset", *args, "daily", "2013-04-02", "--reason", "bob: rerun",
+                "--json")
+    assert plain.code == 0, plain.stderr
+    assert plain.json()["deployment"].startswith("cli@")

@@ -23,7 +23,7 @@ from neli_orchestrate.core.kafka import (
     RebalanceListener,
     Record,
 )
-from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.errors import AuthorizationError, KafkaUnavailableError
 
 
 @dataclass
@@ -103,8 +103,8 @@ class FakeAdmin:
                      timeout: float) -> None:
         self._check()
         if self.cluster.deny_create:
-            raise KafkaUnavailableError(
-                f"creating leader topic {topic!r} failed: TOPIC_AUTHORIZATION_FAILED")
+            raise AuthorizationError(
+                f"creating leader topic {topic!r} was denied: TOPIC_AUTHORIZATION_FAILED")
         self.cluster.created.append((topic, partitions, dict(config)))
         self.cluster.topic_exists = True
         self.cluster.partitions = partitions
@@ -118,7 +118,8 @@ class FakeAdmin:
     def alter_group_config(self, group_id: str, settings: Mapping[str, str],
                            timeout: float) -> None:
         if self.cluster.deny_group_alter:
-            raise KafkaUnavailableError("GROUP_AUTHORIZATION_FAILED (test)")
+            # not an ACL (that is AuthorizationError): e.g. a broker without group configs
+            raise KafkaUnavailableError("UNSUPPORTED_VERSION (test)")
         self.cluster.altered_groups.append(dict(settings))
         self._old_group_settings = dict(self.cluster.group_settings or {})
         self.cluster.group_settings = {**(self.cluster.group_settings or {}), **settings}

@@ -65,3 +65,15 @@ def test_a_refused_heartbeat_raises_instead_of_waiting_for_the_lease() -> None:
         neli.pulse(0.2)
     neli.close()
 
+
+
+def test_a_denied_group_config_is_not_mistaken_for_a_broker_without_group_configs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from core_fakes import FakeAdmin
+
+    def deny(self, group_id, settings, timeout):  # type: ignore[no-untyped-def]
+        raise AuthorizationError(f"setting {settings} on consumer group {group_id!r} was denied")
+
+    monkeypatch.setattr(FakeAdmin, "alter_group_config", deny)
+    with pytest.raises(AuthorizationError, match="consumer group 'g'"):
+        make(group_protocol="consumer")

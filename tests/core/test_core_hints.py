@@ -18,7 +18,7 @@ from neli_orchestrate.core.neli import _NUDGE_RETRIES, _NUDGE_RETRY
 SETTINGS: dict[str, object] = dict(
     bootstrap_servers="fake:0", group_id="g", session_timeout=1.0, heartbeat_timeout=0.3,
     heartbeat_interval=0.05, min_poll_interval=0.01, group_heartbeat_interval=0.05,
-    clock_error=0.05, max_poll_interval=30.0,
+    clock_error=0.05, max_poll_interval=30.0, group_protocol="consumer",
 )
 
 
@@ -108,6 +108,8 @@ def test_follower_watches_exactly_the_role_partitions_it_does_not_own() -> None:
     cluster = FakeCluster(clock=FakeClock(), partitions=2)
     b, _ = member(cluster, "B", roles=(0, 1))
     watcher = cluster.watchers[-1]
+    assert watcher.history == [], "nothing is read before the first pulse"
+    b.pulse(0.01)
     assert watcher.history[-1] == [0, 1]
     cluster.consumer.assign(1)
     b.pulse(0.2)
@@ -128,15 +130,9 @@ def test_follower_nudges_on_a_hint_and_leads_only_once_assigned() -> None:
     assert b.pulse(0.2), "assigned and own heartbeat read back: now it leads"
 
 
-@pytest.mark.parametrize("protocol", ["classic", "consumer"])
-def test_follower_retries_its_nudge_a_few_times_if_no_assignment_follows(protocol: str) -> None:
-    cluster = FakeCluster(clock=FakeClock())
-    a, _ = member(cluster, "A", group_protocol=protocol)
-    consumer_a = cluster.consumer
-    b, _ = member(cluster, "B", group_protocol=protocol)
-    consumer_b = cluster.consumer
-    consumer_a.assign(0)
-    assert a.pulse(0.2)
+def test_follower_retries_its_nudge_a_few_times_if_no_assignment_follows() -> None:
+    cluster, a, b = pair()
+    consumer_b = consumer_of(cluster, 1)
     b.pulse(0.05)
     a.close()
     b.pulse(0.001)
@@ -144,7 +140,24 @@ def test_follower_retries_its_nudge_a_few_times_if_no_assignment_follows(protoco
     for _ in range(20):
         b.pulse(_NUDGE_RETRY / 5)
     b.pulse(2.0)
-    assert consumer_b.rejoins == 1 + len(_NUDGE_RETRIES[protocol]) and not b.is_leader
+    assert consumer_b.rejoins == 1 + len(_NUDGE_RETRIES) and not b.is_leader
+
+
+def test_classic_groups_get_no_hint_watcher_and_no_nudge() -> None:
+    # Hurrying a classic group means changing its subscription, which aborts librdkafka when a
+    # join is in flight; classic members neither watch for hints nor nudge.
+    cluster = FakeCluster(clock=FakeClock())
+    a, _ = member(cluster, "A", group_protocol="classic")
+    consumer_a = cluster.consumer
+    b, _ = member(cluster, "B", group_protocol="classic")
+    consumer_b = cluster.consumer
+    consumer_a.assign(0)
+    assert a.pulse(0.2)
+    b.pulse(0.05)
+    a.close()
+    for _ in range(20):
+        b.pulse(_NUDGE_RETRY / 5)
+    assert consumer_b.rejoins == 0 and not b.is_leader
 
 
 def test_a_member_ignores_its_own_hint() -> None:
@@ -210,3 +223,44 @@ class TrustingHints(Neli):
 def test_the_exclusivity_check_catches_a_member_that_trusts_hints() -> None:
     with pytest.raises(AssertionError, match="two leaders|leads on a hint"):
         forged_hints_grant_nothing(TrustingHints)
+
+
+# -- a leader that goes quiet without a hint (crash, stall) ----------------------------------------
+
+def test_classic_follower_does_not_rejoin_when_the_leader_goes_quiet() -> None:
+    # A quiet leader may be running a long revoke barrier inside close(); a classic rejoin
+    # would start a rebalance that takes the partition away before the barrier returns.
+    cluster, a, b = pair()
+    consumer_b = consumer_of(cluster, 1)
+    for _ in range(10):
+        a.pulse(0.02)
+        b.pulse(0.02)
+    for _ in range(40):
+        b.pulse(0.05)
+    assert consumer_b.rejoins == 0 and not b.is_leader
+
+
+def test_kip_848_follower_heartbeats_around_the_quiet_leaders_session_deadline() -> None:
+    cluster = FakeCluster(clock=FakeClock())
+    slow = dict(group_protocol="consumer", session_timeout=3.0, heartbeat_timeout=1.0,
+                group_heartbeat_interval=1.0, heartbeat_interval=0.25, clock_error=0.5)
+    a, _ = member(cluster, "A", **slow)
+    consumer_a = cluster.consumer
+    b, _ = member(cluster, "B", **slow)
+    consumer_b = cluster.consumer
+    consumer_a.assign(0)
+    assert a.pulse(0.3)
+    for _ in range(8):
+        a.pulse(0.1)
+        b.pulse(0.1)
+    silent_from = cluster.clock.monotonic()
+    rejoins_at: list[float] = []
+    while cluster.clock.monotonic() < silent_from + 5.0:
+        before = consumer_b.rejoins
+        b.pulse(0.01)
+        if consumer_b.rejoins > before:
+            rejoins_at.append(cluster.clock.monotonic() - silent_from)
+    assert len(rejoins_at) > 10, "a burst of heartbeats around the deadline"
+    assert min(rejoins_at) > 3.0 - 1.0 - 0.3, "none long before the session can have ended"
+    assert max(rejoins_at) < 3.0 + 1.0, "and none long after"
+    assert not b.is_leader

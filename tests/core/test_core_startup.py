@@ -10,6 +10,7 @@ from core_fakes import FakeClients, FakeCluster
 from neli_orchestrate.core import FakeClock, Neli, NeliConfig
 from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import (
+    AuthorizationError,
     ConfigError,
     KafkaUnavailableError,
     SessionTimeoutRejectedError,
@@ -52,7 +53,7 @@ def test_topic_config_overrides_the_defaults_of_a_created_topic() -> None:
 
 def test_denied_topic_creation_is_a_clear_error() -> None:
     cluster = FakeCluster(clock=FakeClock(), topic_exists=False, deny_create=True)
-    with pytest.raises(KafkaUnavailableError, match="creating leader topic 'g.neli'"):
+    with pytest.raises(AuthorizationError, match="creating leader topic 'g.neli'"):
         start(cluster)
 
 

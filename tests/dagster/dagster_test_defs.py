@@ -75,10 +75,11 @@ def neli_resource() -> NeliResource:
         namespace=dg.EnvVar("NELI_NAMESPACE"),
         handoff_timeout=float(os.environ.get("NELI_TEST_HANDOFF_TIMEOUT", "30")),
         acquire_timeout=60.0,
-        # Loopback timings, with a session long enough that a CPU-starved step (two cores,
-        # Spark starting next door) is not fenced by accident.
+        # Loopback timings, with a session long enough that a CPU-starved step is not fenced by
+        # accident: 6 s was not, on two cores shared by several test runs (load average ~40).
+        # No test here waits for a session to expire except the fencing test, which sets its own.
         profile="fast",
-        session_timeout=float(os.environ.get("NELI_TEST_SESSION_TIMEOUT", "6")),
+        session_timeout=float(os.environ.get("NELI_TEST_SESSION_TIMEOUT", "15")),
         wait_timeout=120.0,
         wait_interval=0.3,
     )
@@ -129,9 +130,16 @@ def gated_job() -> None:
 
 
 class TestSpark(dg.ConfigurableResource):
-    """A small local SparkSession per step process."""
+    """A small local SparkSession per step process, started before the step claims its run.
+
+    Starting the JVM is the heaviest thing a step does; on a loaded two-core machine doing it
+    while holding the role starved the NELI member into fencing itself before any work ran.
+    """
 
     _session: Any = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self.session()
 
     def session(self) -> Any:
         if self._session is None:

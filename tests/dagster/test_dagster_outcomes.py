@@ -57,6 +57,11 @@ class World:
         self.members: list[Member] = []
         self.held_groups: set[str] = set()
         self.by_group: dict[str, list[Member]] = defaultdict(list)
+        #: Groups another deployment's member is in (what describe_consumer_groups would say).
+        self.busy_groups: set[str] = set()
+
+    def membership(self, group: str) -> int:
+        return 1 if group in self.busy_groups else 0
 
     def __call__(self, config: NeliConfig, barrier: Any = None) -> Member:
         group = config.resolved.group_id
@@ -75,7 +80,12 @@ class ScriptedNeliResource(NeliResource):
     """NeliResource whose Singleton talks to the scripted world instead of Kafka."""
 
     def get_singleton(self) -> Singleton:
-        return Singleton(self.singleton_config(), ledger=WORLD.ledger, neli_factory=WORLD)
+        return Singleton(
+            self.singleton_config(),
+            ledger=WORLD.ledger,
+            neli_factory=WORLD,
+            membership=WORLD.membership,
+        )
 
 
 INSTANCE: dg.DagsterInstance
@@ -397,3 +407,70 @@ def test_reset_run_key_is_computed_again_in_the_one_deployment_that_runs_it() ->
     assert WORLD.ledger.history("daily", DAY) == [
         RunState.RUNNING, RunState.COMPLETED, RunState.RESET, RunState.RUNNING, RunState.COMPLETED,
     ]
+
+
+def test_step_does_not_join_a_busy_role_group_while_it_waits() -> None:
+    # The busy-group rule (Singleton): while another deployment's member leads or waits for
+    # the role, the step waits without joining, so the leader sees no join/leave churn.
+    WORLD.busy_groups.add("acme.daily")
+    ran: list[int] = []
+    members_while_busy: list[int] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        ran.append(int(run.token))
+        return 1
+
+    def release() -> None:
+        members_while_busy.append(len(WORLD.members))
+        WORLD.busy_groups.clear()
+
+    timer = threading.Timer(0.5, release)
+    timer.start()
+    try:
+        result = _materialize(daily, neli(wait_timeout=30.0, wait_retries=0))
+    finally:
+        timer.cancel()
+    assert result.success and len(ran) == 1
+    assert members_while_busy == [0], "the step joined the group while it was busy"
+    waits = [m for m in _log_messages(result, logging.INFO) if "neli: waiting for" in m]
+    assert waits and all("busy" in m for m in waits), waits
+
+
+def test_fence_while_claiming_logs_it_and_fails_the_try_before_any_work() -> None:
+    # The member loses the role right after its RUNNING record is written, before the work.
+    ledger_begin = WORLD.ledger.begin
+
+    def begin(role: str) -> Any:
+        writer = ledger_begin(role)
+        write = writer.write
+
+        def write_then_lose_the_role(record: Any) -> None:
+            write(record)
+            if record.state is RunState.RUNNING:
+                member = WORLD.members[-1]
+                member.fence()
+                deadline = time.monotonic() + 10
+                while member.is_leader and time.monotonic() < deadline:
+                    time.sleep(0.01)
+
+        writer.write = write_then_lose_the_role
+        return writer
+
+    WORLD.ledger.begin = begin  # type: ignore[method-assign]
+    ran: list[int] = []
+
+    @singleton_asset(partitions_def=DAYS)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        ran.append(1)
+        return 1
+
+    result = _materialize(daily, neli())
+    [failure] = _events(result, "STEP_FAILURE")
+    data = failure.step_failure_data
+    assert data.error.cls_name == "Failure"
+    assert "before any work ran" in data.user_failure_data.description
+    assert data.user_failure_data.metadata["role"].value == "daily"
+    assert ran == []
+    assert [m for m in _log_messages(result, logging.ERROR) if "while claiming" in m]
+    assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING]

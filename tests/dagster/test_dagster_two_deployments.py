@@ -10,11 +10,14 @@ them so each pattern is exercised under both executors.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from dagster_harness import (
+    Deployment,
     completed_by_run_key,
     ledger_history,
     make_deployment,
@@ -28,7 +31,8 @@ PARTITIONS = ["2013-01-01", "2013-01-02", "2013-01-03"]
 # The gated job starts three step processes per run under the multiprocess executor; two
 # partitions keep it within budget on two cores.
 GATED_PARTITIONS = PARTITIONS[:2]
-RUN_TIMEOUT = 180.0
+# Generous: on a loaded two-core machine one Dagster run took minutes.
+RUN_TIMEOUT = 400.0
 
 
 def _run_both(
@@ -205,3 +209,56 @@ def test_failed_step_is_retried_by_dagster_in_the_same_deployment_while_the_othe
     # The wait is in the waiting deployment's event log, not a silent sleep.
     waits = [m for _, step, m in waited["logs"] if step == "flaky_daily" and "waiting for" in m]
     assert waits, waited["logs"]
+
+
+def test_reset_with_the_cli_reruns_a_completed_partition_in_exactly_one_deployment(
+    kafka_broker: str, tmp_path: Path
+) -> None:
+    # east computes the day; `neli-orchestrate ledger reset` makes it new again; west then
+    # computes it with a larger token, and east, launching it once more, skips it.
+    partition = "2013-04-01"
+    namespace = unique_namespace()
+    east = make_deployment("east", tmp_path, kafka_broker, namespace)
+    west = make_deployment("west", tmp_path, kafka_broker, namespace)
+
+    def run(deployment: Deployment) -> dict:
+        deployment.start("counted_job", "in_process", [partition])
+        try:
+            return deployment.wait(RUN_TIMEOUT)["runs"][partition]
+        finally:
+            deployment.stop()
+
+    first = run(east)
+    assert first["success"] and {m["asset"] for m in first["materialized"]} == {
+        "daily_counted", "daily_counted_report"}
+
+    cli = Path(sys.executable).with_name("neli-orchestrate")
+    reset = subprocess.run(
+        [str(cli), "ledger", "reset", "daily_counted", partition,
+         "--bootstrap-servers", kafka_broker, "--namespace", namespace,
+         "--deployment", "operator", "--reason", "late data, ticket DATA-1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+
+    second = run(west)
+    assert second["success"]
+    assert {m["asset"] for m in second["materialized"]} == {"daily_counted", "daily_counted_report"}
+    third = run(east)
+    assert third["success"] and third["materialized"] == []
+    assert third["step_skipped"] == ["daily_counted_report"]
+
+    executions = [(d, t) for role, _, d, t in work_log(tmp_path) if role == "daily_counted"]
+    assert [d for d, _ in executions] == ["east", "west"]
+    records = [
+        r for r in ledger_history(kafka_broker, f"{namespace}.ledger")
+        if r.role == "daily_counted" and r.run_key == partition
+    ]
+    assert [(r.state.value, r.deployment) for r in records] == [
+        ("RUNNING", "east"), ("COMPLETED", "east"), ("RESET", "operator"),
+        ("RUNNING", "west"), ("COMPLETED", "west"),
+    ]
+    assert records[2].reason == "late data, ticket DATA-1"
+    assert executions[1][1] == records[3].token > records[2].token > executions[0][1]
+    [observation] = third["observations"]
+    assert observation["metadata"]["done_by_deployment"] == "west"

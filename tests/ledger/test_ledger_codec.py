@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.errors import ConfigError, UnreadableRecordError
 from neli_orchestrate.ledger import (
     LEDGER_SCHEMA_VERSION,
     KafkaLedgerConfig,
@@ -235,10 +235,23 @@ def test_unreadable_newest_record_leaves_the_previous_one_and_is_reported(
     with caplog.at_level(logging.WARNING, logger="neli_orchestrate.ledger"):
         builder.add(running.key, b'{"v": 9, "state": "COMPLETED"}', 2)
     replay = builder.build(3, fenced=True)
-    assert replay.latest("2013-01-05") == running  # never taken as completion
+    # never taken as completion, nor decided from the older RUNNING: a clear error instead
+    with pytest.raises(UnreadableRecordError, match=r"at offset 2 .*unknown schema version.*"
+                                                    r"upgrade this deployment") as info:
+        replay.latest("2013-01-05")
+    assert (info.value.run_key, info.value.offset) == ("2013-01-05", 2)
+    assert replay.records["2013-01-05"] == running  # observers may still see it
     assert replay.unreadable == ("2013-01-05",)
     assert replay.ignored == 1
     assert "unknown schema version" in caplog.text
+
+
+def test_a_readable_record_after_an_unreadable_one_is_decided_from_again() -> None:
+    builder = ReplayBuilder("daily_flights")
+    builder.add(record(RunState.RUNNING, token=0).key, b"\x00garbage", 0)
+    done = record(RunState.COMPLETED, token=1)
+    builder.add(*_msg(done), 1)
+    assert builder.build(2, fenced=True).latest("2013-01-05") == done
 
 
 def test_a_record_whose_token_exceeds_its_offset_is_ignored() -> None:
@@ -246,6 +259,8 @@ def test_a_record_whose_token_exceeds_its_offset_is_ignored() -> None:
     builder.add(*_msg(record(token=50)), 3)
     replay = builder.build(4, fenced=True)
     assert replay.records == {} and replay.ignored == 1
+    with pytest.raises(UnreadableRecordError, match="token 50 above its own offset 3"):
+        replay.latest("2013-01-05")
 
 
 def test_a_token_needs_a_replay_taken_after_the_fence() -> None:

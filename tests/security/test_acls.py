@@ -19,15 +19,19 @@ import pytest
 
 from neli_orchestrate import NeliConfig, Outcome, Singleton, SingletonConfig
 from neli_orchestrate.acls import Acl, required_acls
-from neli_orchestrate.errors import AuthorizationError, PermanentKafkaError
+from neli_orchestrate.errors import (
+    AuthorizationError,
+    KafkaUnavailableError,
+    PermanentKafkaError,
+)
 from neli_orchestrate.ledger import RunState
 
 pytestmark = pytest.mark.kafka
 
 # Wide margins: 2 busy cores. acquire_timeout is long so that "waited for leadership" and
 # "failed at once" cannot be confused.
-TIMINGS = {"profile": "fast", "session_timeout": 10.0, "heartbeat_timeout": 4.0}
-ACQUIRE_TIMEOUT = 120.0
+TIMINGS = {"profile": "fast", "session_timeout": 20.0, "heartbeat_timeout": 8.0}
+ACQUIRE_TIMEOUT = 300.0
 
 
 def password() -> str:
@@ -71,6 +75,14 @@ def whole_flow(singleton: Singleton) -> list[tuple[str, int]]:
         assert again.outcome is Outcome.SKIP_DONE, again
     assert singleton.role_members("export") == 0
     return executed
+
+
+def describe_only(acls: list[Acl]) -> list[Acl]:
+    """``acls`` with the group READ replaced by DESCRIBE: the role's members can be counted
+    (the busy-group check passes) but the member may not join."""
+    [read] = [a for a in acls if a.resource_type == "group" and a.operation == "read"]
+    return [a for a in acls if a != read] + [
+        Acl(read.principal, "describe", "group", read.name, read.pattern)]
 
 
 def assert_no_secret(secret: str, *texts: str) -> None:
@@ -162,22 +174,27 @@ def test_role_members_without_the_group_acl_is_an_authorization_error(
         singleton.role_members("export")
 
 
-def test_the_check_catches_a_denied_group_reported_as_another_leader(
-        secured_kafka, principal, caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Mutation: without the mapping a denied group looks like a busy one (WAIT), the defect
-    issue 9 item 8 describes; the assertions of the test above reject exactly that."""
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_the_check_catches_a_denied_group_mistaken_for_a_busy_or_unreachable_one(
+        secured_kafka, principal, caplog, monkeypatch, protocol) -> None:  # type: ignore[no-untyped-def]
+    """Mutation: without the mapping, a denied group is the defect of issue 9 item 8 — a WAIT
+    saying another member leads (classic), or "Kafka unavailable", which callers wait on
+    (KIP-848) — and never the AuthorizationError the tests above require."""
     import neli_orchestrate.core.neli as neli_module
 
     monkeypatch.setattr(neli_module, "authorization_denied", lambda code, message="": False)
     caplog.set_level(logging.INFO)
-    config = config_for(principal, acquire_timeout=5.0)
-    acls = required_acls(config, user_of(principal))
-    secured_kafka.grant([a for a in acls if not (a.resource_type == "group"
-                                                 and a.operation == "read")])
+    config = config_for(principal, protocol=protocol, acquire_timeout=5.0)
+    secured_kafka.grant(describe_only(required_acls(config, user_of(principal))))
     with Singleton(config) as singleton:
-        reservation = singleton.reserve("export", "2013-01-01")
-    assert reservation.outcome is Outcome.WAIT
-    assert any("another member leads" in r.getMessage() for r in caplog.records)
+        if protocol == "classic":
+            reservation = singleton.reserve("export", "2013-01-01")
+            assert reservation.outcome is Outcome.WAIT
+            assert any("another member leads" in r.getMessage() for r in caplog.records)
+        else:
+            with pytest.raises(KafkaUnavailableError) as unavailable:
+                singleton.reserve("export", "2013-01-01")
+            assert not isinstance(unavailable.value, AuthorizationError)
 
 
 def test_classic_groups_need_no_group_config_acl(
@@ -190,12 +207,12 @@ def test_classic_groups_need_no_group_config_acl(
         assert len(whole_flow(singleton)) == 2
 
 
-def test_a_denied_classic_group_fails_at_once_too(
-        secured_kafka, principal, caplog) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_member_denied_its_group_fails_at_once(
+        secured_kafka, principal, caplog, protocol) -> None:  # type: ignore[no-untyped-def]
     caplog.set_level(logging.INFO)
-    config = config_for(principal, protocol="classic")
-    acls = required_acls(config, user_of(principal))
-    secured_kafka.grant([a for a in acls if a.resource_type != "group"])
+    config = config_for(principal, protocol=protocol)
+    secured_kafka.grant(describe_only(required_acls(config, user_of(principal))))
     started = time.monotonic()
     with Singleton(config) as singleton, pytest.raises(AuthorizationError, match="READ") as denied:
         singleton.reserve("export", "2013-01-01")

@@ -17,6 +17,7 @@ EXPECTED = {
     "no_claim_check": {"S3", "S4"},
     "no_membership_proof": {"S1"},
     "no_self_fence": {"S1"},
+    "hint_grants": {"S1"},
     # issue 9: the defects of the failure paths, re-introduced
     "superseded_by_own_claim": {"L1"},
     "fence_before_start_dropped": {"S5"},

@@ -43,7 +43,11 @@ def args_for(env: dict, deployment: str, **extra: object) -> dict:  # type: igno
 
 
 def singleton(env: dict, deployment: str) -> Singleton:  # type: ignore[type-arg]
-    neli = NeliConfig(bootstrap_servers=env["bootstrap"], **{**TIMINGS, **env["timings"]})
+    # In-process tests inject no fault: wider margins than the workers', so that a loaded
+    # build machine does not fence them spuriously.
+    neli = NeliConfig(bootstrap_servers=env["bootstrap"],
+                      **{**TIMINGS, "session_timeout": 12.0, "heartbeat_timeout": 5.0,
+                         **env["timings"]})
     return Singleton(SingletonConfig(neli=neli, namespace=env["namespace"], deployment=deployment,
                                      ledger_topic=env["ledger_topic"], acquire_timeout=60.0,
                                      handoff_timeout=30.0))
@@ -135,3 +139,21 @@ def test_a_fenced_member_leaves_at_once_though_its_work_cannot_be_cancelled(env)
     assert a.wait(timeout=60) == 3, lines(tmp / "a")
     assert f"stale {token_a} {outcome[2]}" in lines(tmp / "a")
     assert (tmp / "out" / "2013-04-01" / "part-0.txt").read_text() == f"eu-west-1 {outcome[2]}\n"
+
+
+def test_reset_reruns_a_completed_run_key_once_with_a_larger_token(env) -> None:
+    """Issue 10 item 3: an audited reset; the token keeps growing; other regions skip after."""
+    with singleton(env, "us-east-1") as east, singleton(env, "eu-west-1") as west:
+        first = east.run("flights", "2013-01-07", lambda run: run.token)
+        assert first is not None
+        reset = east.reset("flights", "2013-01-07", "alice: upstream data was re-delivered")
+        assert reset.state is RunState.RESET and reset.token > first
+        again = west.run("flights", "2013-01-07", lambda run: (run.outcome, run.token))
+        assert again is not None and again[1] > reset.token and str(again[0]) == "RUN"
+        assert east.run("flights", "2013-01-07", lambda run: "ran a third time") is None
+    assert [(d, s) for d, s, _ in history(env, "2013-01-07")] == [
+        ("us-east-1", RunState.RUNNING), ("us-east-1", RunState.COMPLETED),
+        ("us-east-1", RunState.RESET), ("eu-west-1", RunState.RUNNING),
+        ("eu-west-1", RunState.COMPLETED)]
+    assert [r.reason for r in ledger_records(env["bootstrap"], env["ledger_topic"])
+            if r.state is RunState.RESET] == ["alice: upstream data was re-delivered"]

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
+from neli_orchestrate import NeliConfig, SingletonConfig
 from neli_orchestrate.core import Neli
 
 pytestmark = pytest.mark.kafka
@@ -36,6 +36,4 @@ def test_auto_chooses_the_protocol_from_the_broker_and_says_why(
         assert f"uses the {protocol} group protocol" in caplog.text and why in caplog.text
     finally:
         member.close()
-    # and a whole claim works on that default path
-    with Singleton(config) as singleton, singleton.claim("daily", "2013-01-05") as run:
-        assert run.should_run
+    # (claims on the default path: test_namespace.py's real-broker test uses "auto")

@@ -77,7 +77,8 @@ def test_no_front_door_starts_without_a_namespace(monkeypatch) -> None:
         plain("k:9092", None, "us-east-1")
     with pytest.raises(ConfigError, match="no namespace"):
         hooked("k:9092", None, "us-east-1")
-    with pytest.raises(ConfigError, match="no namespace"):
+    # the Dagster resource refuses it when defined (pydantic validation, a ValueError)
+    with pytest.raises(ValueError, match="no namespace"):
         resourced("k:9092", "", "us-east-1")
 
 

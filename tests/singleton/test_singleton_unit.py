@@ -401,7 +401,7 @@ def test_execute_without_leadership_raises_acquire_timeout(world) -> None:
     coordinator, ledger = world
     reservation = make("us-east-1", coordinator, ledger).reserve(ROLE, "d1")
     coordinator.hold.add("acme." + ROLE)
-    with pytest.raises(AcquireTimeoutError, match="CLAIMED by us-east-1"):
+    with pytest.raises(AcquireTimeoutError, match="CLAIMED by deployment 'us-east-1'"):
         make("us-east-1", coordinator, ledger, acquire_timeout=0.2).execute(
             ROLE, "d1", reservation.token, lambda run: None)
 

@@ -394,11 +394,27 @@ class NeliHook(BaseHook):
     def __repr__(self) -> str:
         return f"NeliHook(neli_conn_id={self.neli_conn_id!r})"
 
+    def _get_neli_connection(self) -> Connection:
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            return self.get_connection(self.neli_conn_id)
+        except AirflowNotFoundException as exc:
+            conn_id = self.neli_conn_id
+            raise ConfigError(
+                f"Airflow connection {conn_id!r} is not defined (in this deployment's "
+                f"metadata database, secrets backend or environment); create it, e.g. "
+                f"`airflow connections add {conn_id} --conn-type neli --conn-host "
+                f"broker1:9092,broker2:9092 --conn-extra "
+                f"'{{\"deployment\": \"us-east-1\", \"namespace\": \"acme\"}}'`, or set "
+                f"AIRFLOW_CONN_{conn_id.upper()}, or pass neli_conn_id= naming an existing one"
+            ) from exc
+
     @property
     def settings(self) -> NeliConnectionSettings:
         """The connection's NELI settings (read once, cached)."""
         if self._settings is None:
-            conn = self._connection or self.get_connection(self.neli_conn_id)
+            conn = self._connection or self._get_neli_connection()
             self._settings = settings_from_connection(
                 conn,
                 deployment=self._deployment,

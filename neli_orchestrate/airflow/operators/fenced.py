@@ -395,7 +395,7 @@ class FencedExecute:
 def is_fenced(task: Any) -> bool:
     """True if ``task`` runs fenced (explicit form, or attached by :func:`fence_downstream`)."""
     return isinstance(task, FencedExecutionMixin) or isinstance(
-        task.__dict__.get("execute"), FencedExecute
+        getattr(task, "__dict__", {}).get("execute"), FencedExecute
     )
 
 
@@ -408,20 +408,24 @@ def fence_downstream(dag: Any) -> None:
     scheduler never runs it), a task behind two gates, an explicitly fenced task that is not a
     direct child of a gate.
     """
-    task: Any
     for task in dag.tasks:
         if is_gate(task):
             _fence_child_of(task)
         elif isinstance(task, FencedExecutionMixin):
-            gates = _direct_gates(task)
-            named = task.gate_task_id
-            if not gates or (named and named not in {g.task_id for g in gates}):
-                raise UnfenceableTaskError(
-                    f"DAG {dag.dag_id!r}: {type(task).__name__} {task.task_id!r} is not "
-                    f"directly downstream of {'gate ' + repr(named) if named else 'a gate'}; "
-                    f"a fenced task runs under the claim its gate just took: write "
-                    f"`gate >> {task.task_id}` (tasks after it need no fencing)"
-                )
+            _check_explicit(dag, task)
+
+
+def _check_explicit(dag: Any, task: Any) -> None:
+    """An explicitly fenced task must be a direct child of (its) gate."""
+    gates = _direct_gates(task)
+    named = task.gate_task_id
+    if not gates or (named and named not in {g.task_id for g in gates}):
+        raise UnfenceableTaskError(
+            f"DAG {dag.dag_id!r}: {type(task).__name__} {task.task_id!r} is not directly "
+            f"downstream of {'gate ' + repr(named) if named else 'a gate'}; a fenced task runs "
+            f"under the claim its gate just took: write `gate >> {task.task_id}` (tasks after "
+            "it need no fencing)"
+        )
 
 
 def _fence_child_of(gate: Any) -> None:
