@@ -357,6 +357,18 @@ def markdown(table: dict[str, dict[str, Any]], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _title(broken: str | None) -> str:
+    return f"chaos results ({'broken: ' + broken if broken else 'correct'} build)"
+
+
+def write_summary(results: Sequence[dict[str, Any]], out: Path,
+                  broken: str | None) -> dict[str, dict[str, Any]]:
+    table = summarize(results)
+    (out / "summary.json").write_text(json.dumps({"results": table}, indent=2))
+    (out / "summary.md").write_text(markdown(table, f"### {_title(broken)}"))
+    return table
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m integration.chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -391,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dags = broken_dags(args.broken, workdir) if args.broken else REPO / "dags"
     print(f"chaos: workdir {workdir}, results {out}", flush=True)
     results: list[dict[str, Any]] = []
+    table: dict[str, dict[str, Any]] = {}
     date = dt.date.fromisoformat(args.first_date)
     if args.kafka_nodes >= 3 and "broker-restart" in scenarios:
         parser.error("broker-restart runs on the single broker: drop --kafka-nodes")
@@ -411,11 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 date += dt.timedelta(days=1)
-    table = summarize(results)
-    (out / "summary.json").write_text(json.dumps({"results": table}, indent=2))
-    title = f"chaos results ({'broken: ' + args.broken if args.broken else 'correct'} build)"
-    (out / "summary.md").write_text(markdown(table, f"### {title}"))
-    print(markdown(table, f"### {title}"))
+                # after every trial, so an interrupted run keeps what it measured
+                table = write_summary(results, out, args.broken)
+    print(markdown(table, f"### {_title(args.broken)}"))
     bad = [r for r in results
            if r["duplicates"] or r["lost"] or r["fenced_as_expected"] is False or r["error"]]
     print(f"chaos: {len(results)} trials, {len(bad)} failed checks", flush=True)

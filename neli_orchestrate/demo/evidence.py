@@ -400,7 +400,7 @@ def assess(
         dates=outcomes,
         duplicates=duplicates,
         lost=lost,
-        faults=list(observer.faults),
+        faults=[f for f in observer.faults if f.date in dates],
         problems=problems,
         started_at=observer.started_at,
         finished_at=time.time(),

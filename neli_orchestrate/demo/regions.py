@@ -226,7 +226,7 @@ class AirflowRegion:
         self.worker_log_port = free_port()
         self.trigger_log_port = free_port()
         self.marker = f"{config.name}-{uuid.uuid4().hex[:12]}"
-        self._jwt_secret = secrets.token_hex(24)
+        self._jwt_secret = secrets.token_hex(32)  # 64 bytes: the HS512 minimum
         self.fernet_key = new_fernet_key()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -264,6 +264,9 @@ class AirflowRegion:
                 "AIRFLOW__API__WORKERS": "1",
                 "AIRFLOW__API__BASE_URL": self.api_url,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
+                # Several deployments share a few cores: the default 5 s lets a task's first
+                # call time out, its retry is refused (400) and the try fails before it starts.
+                "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
                 "AIRFLOW__API_AUTH__JWT_SECRET": self._jwt_secret,
                 # One key for every process of the region (see the module docstring).
                 "AIRFLOW__CORE__FERNET_KEY": self.fernet_key,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -126,6 +127,7 @@ class World:
             "(api-server, scheduler with LocalExecutor, triggerer)"
         )
         sources = [p for p in Path(self.settings.dags).iterdir() if p.name != "__pycache__"]
+        env = self._policy_env()
         configs = [
             RegionConfig(
                 name,
@@ -134,6 +136,7 @@ class World:
                     "spark_default": SPARK_LOCAL_CONNECTION,
                 },
                 variables={"nycflights_output": str(self.output)},
+                env=env,
             )
             for name in self.settings.regions
         ]
@@ -145,6 +148,25 @@ class World:
         )
         groups = {}
         self.observer = Observer(list(self.regions), self.bootstrap, groups)
+
+    def _policy_env(self) -> dict[str, str]:
+        """Register the provider's cluster policy (which runs the stock operator after a gate
+        fenced) through ``airflow_local_settings`` when the installed distribution's metadata
+        lacks its ``airflow.policy`` entry point (an editable install older than the entry
+        point, the package on PYTHONPATH); an install from this checkout has it."""
+        from importlib.metadata import entry_points
+
+        if any(ep.value == "neli_orchestrate.airflow.policy"
+               for ep in entry_points(group="airflow.policy")):
+            return {}
+        settings = self.workdir / "local_settings"
+        settings.mkdir(parents=True, exist_ok=True)
+        (settings / "airflow_local_settings.py").write_text(
+            "from neli_orchestrate.airflow.policy import dag_policy  # noqa: F401\n"
+        )
+        package_root = str(Path(__file__).resolve().parents[2])
+        path = [str(settings), package_root, os.environ.get("PYTHONPATH", "")]
+        return {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
     def connection(self, deployment: str) -> dict[str, Any]:
         """The ``neli_default`` connection of a region (same namespace everywhere)."""
