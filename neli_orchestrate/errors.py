@@ -23,10 +23,15 @@ class FencedError(NeliError):
     newer claim superseded ours in the run ledger.
     """
 
-    def __init__(self, message: str, *, role: str | None = None, token: int | None = None) -> None:
+    def __init__(self, message: str, *, role: str | None = None, token: int | None = None,
+                 final: bool = False) -> None:
         super().__init__(message)
         self.role = role
         self.token = token
+        #: True when no later try can run the run key (attempt limit reached, or the token is
+        #: no claim of this ledger): only a reset helps. Otherwise a fence fails one try, and
+        #: a retry decides again from the ledger (docs/guarantees.md).
+        self.final = final
 
 
 class StaleTokenError(NeliError):

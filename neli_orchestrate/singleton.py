@@ -626,7 +626,7 @@ class Singleton:
             else:
                 raise FencedError(
                     f"claim {token} of run {run_key!r} (role {role!r}) is not this ledger's"
-                    f" current claim: {check.reason}", role=role, token=token)
+                    f" current claim: {check.reason}", role=role, token=token, final=True)
             if lead.lost is not None:
                 raise FencedError(f"lost leadership of role {role!r} before running {run_key!r}:"
                                   f" {lead.lost}", role=role, token=token)
@@ -680,7 +680,7 @@ class Singleton:
         raise FencedError(
             f"run {run_key!r} of role {role!r} may not run again: {decision.outcome}:"
             f" {decision.reason}. Reset it to run it again (Singleton.reset)",
-            role=role, token=token)
+            role=role, token=token, final=True)
 
     def reset(self, role: str, run_key: str, reason: str) -> LedgerRecord:
         """Reset a finished run key so that its next run starts over (audited; leader only).

@@ -164,16 +164,17 @@ class NeliRun:
         return canceller
 
     def fence_failure(self, cause: BaseException) -> dg.Failure:
-        """Return the ``dagster.Failure`` (no retry) that reports this run's fence."""
+        """Return the ``dagster.Failure`` that reports this run's fence (retries allowed)."""
         reason = self._fence_reason or str(cause)
         return dg.Failure(
             description=(
                 f"fenced: deployment {self.deployment!r} lost role {self.role!r} while running "
                 f"run key {self.run_key!r} with token {self.token}: {reason}. Its work was "
-                "stopped; another deployment owns the run now, so this step is not retried."
+                "stopped. A fence fails this try, not the run: a retry (if the step has a retry"
+                " policy) decides again from the ledger: skips, waits, or takes over."
             ),
             metadata={k: v for k, v in self.metadata.items() if v is not None},
-            allow_retries=False,
+            allow_retries=True,
         )
 
     def _note_fence(self, reason: object = None) -> None:

@@ -18,13 +18,13 @@ import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
 from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
-from neli_orchestrate.errors import FencedError, SkippedRun
+from neli_orchestrate.errors import AcquireTimeoutError, FencedError, SkippedRun
 from neli_orchestrate.ledger import RunState
 
 pytestmark = pytest.mark.airflow
@@ -177,14 +177,26 @@ def test_completed_elsewhere_skips_the_task(fake) -> None:
     assert task.executed == 0
 
 
-def test_superseded_claim_fails_the_task_naming_the_new_owner_and_token(fake) -> None:
+def test_superseded_claim_fails_the_try_naming_the_new_owner_and_token(fake) -> None:
     fake.error = FencedError(
         "claim 5 of run 'x' is no longer ours: superseded by token 9 of eu-west-1 (CLAIMED)",
         role=ROLE,
         token=5,
     )
     task = dag_with(lambda: FencedRecorder(task_id="job"))
-    with pytest.raises(AirflowFailException, match="superseded by token 9 of eu-west-1"):
+    with pytest.raises(AirflowException, match="superseded by token 9 of eu-west-1") as failed:
+        task.execute(context_for(task, claim()))
+    assert task.executed == 0
+    # Not final: a retry decides again from the ledger (skip, wait, or take over).
+    assert not isinstance(failed.value, AirflowFailException)
+
+
+def test_a_final_fence_fails_the_task_for_good(fake) -> None:
+    fake.error = FencedError(
+        "run 'x' may not run again: GIVE_UP: attempt 3 of 3", role=ROLE, token=5, final=True
+    )
+    task = dag_with(lambda: FencedRecorder(task_id="job"))
+    with pytest.raises(AirflowFailException, match="GIVE_UP"):
         task.execute(context_for(task, claim()))
     assert task.executed == 0
 
@@ -201,11 +213,13 @@ def test_a_fence_from_the_watchdog_thread_kills_the_work_and_fails_the_task(fake
     thread = threading.Thread(target=watchdog)
     thread.start()
     try:
-        with pytest.raises(AirflowFailException, match="Fenced.*leadership lost") as failed:
+        with pytest.raises(AirflowException, match="Fenced.*leadership lost") as failed:
             task.execute(context_for(task, claim(5)))
     finally:
         release.set()
         thread.join()
+    # A fence fails the try, not the run: retryable, so a later try decides again.
+    assert not isinstance(failed.value, AirflowFailException)
     assert task.killed == 1  # on_kill ran in the main thread, inside the signal handler
     assert "token 5" in str(failed.value)
 
@@ -307,6 +321,7 @@ def test_real_ledger_fenced_task_completes_once_then_skips_and_superseded_fails(
     assert second.should_run and second.token > first.token
     late = dag_with(lambda: FencedBash(task_id="job", bash_command="exit 1"), conn_id=conn_a)
     stale = {"token": first.token, "run_key": other_key, "role": ROLE, "deployment": A}
-    with pytest.raises(AirflowFailException) as failed:
+    # Another region's claim is live: this try fails (retryable) and names the holder.
+    with pytest.raises(AcquireTimeoutError) as failed:
         late.execute(context_for(late, stale))
     assert B in str(failed.value) and str(second.token) in str(failed.value)

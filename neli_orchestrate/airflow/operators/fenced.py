@@ -29,9 +29,12 @@ What a fenced task does (through :meth:`neli_orchestrate.Singleton.execute`):
    while holding leadership.
 3. If leadership is lost mid-run, the watchdog thread signals the task's main thread
    (``SIGUSR1`` via ``signal.pthread_kill``); the handler calls the operator's ``on_kill()``,
-   kills every process the work started, and raises ``AirflowFailException``: the task FAILS
-   at once, without retries. SIGTERM alone would not do this in Airflow 3 (the task runner's
-   SIGTERM handler only calls ``on_kill``).
+   kills every process the work started, and the try FAILS at once with the fencing reason.
+   A fence fails the try, not the run: Airflow's retries apply, and a retry decides again
+   from the ledger (runs under a new, larger token, skips a run completed elsewhere, or waits
+   for another region's live claim). Only a final fence (attempt limit reached, or a token
+   that is no claim of this ledger) raises ``AirflowFailException``. SIGTERM alone would not
+   stop the work in Airflow 3 (the task runner's SIGTERM handler only calls ``on_kill``).
 4. Records ``COMPLETED`` on success, ``FAILED`` with the reason on error. Airflow retries
    apply; a retry decides again and may re-claim the run with a new, larger token (the work
    sees the new one).
@@ -48,7 +51,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSkipException,
+    TaskDeferred,
+)
 
 from neli_orchestrate.airflow.claims import (
     CLAIM_CONTEXT_KEY,
@@ -241,10 +249,12 @@ class _FencedExecution:
         except FencedError as exc:
             reason = self.fence_reason
             detail = f"{exc}" if reason is None or reason in str(exc) else f"{exc} ({reason})"
-            raise AirflowFailException(
-                f"Fenced: run {claim.run_key!r} of role {claim.role!r} with token "
-                f"{claim.token} may no longer run here: {detail}"
-            ) from exc
+            message = (f"Fenced: run {claim.run_key!r} of role {claim.role!r} with token "
+                       f"{claim.token} may no longer run here: {detail}")
+            if getattr(exc, "final", False):
+                raise AirflowFailException(message) from exc
+            # A fence fails this try, not the run: a retry decides again from the ledger.
+            raise AirflowException(message) from exc
         finally:
             self._restore_handler(previous)
 
@@ -322,7 +332,8 @@ class _FencedExecution:
         leftovers = _kill_new_children(self.children_before)
         if leftovers:
             task.log.warning("killed processes the work left behind: %s", leftovers)
-        raise AirflowFailException(f"Fenced: {reason}; the work was killed")
+        # Retryable: the singleton turns this into FencedError, and run() decides final or not.
+        raise AirflowException(f"Fenced: {reason}; the work was killed")
 
 
 @contextlib.contextmanager
