@@ -131,13 +131,12 @@ class Observer(threading.Thread):
     def run(self) -> None:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient(
-            {
-                **self.kafka_config,
-                "bootstrap.servers": self.bootstrap_servers,
-                "logger": logging.getLogger(__name__ + ".librdkafka"),
-            }
-        )
+        conf: dict[str, Any] = {
+            **self.kafka_config,
+            "bootstrap.servers": self.bootstrap_servers,
+            "logger": logging.getLogger(__name__ + ".librdkafka"),
+        }
+        admin = AdminClient(conf)
         while not self._halt.is_set():
             began = time.monotonic()
             for what, poll in (("Spark JVMs", self._poll_jvms),

@@ -633,12 +633,12 @@ def ledger_history(
             for message in consumer.consume(500, timeout=1.0):
                 if message.error():
                     continue
-                positions[message.partition()] = message.offset() + 1
-                if message.value() is None:
+                offset = message.offset()
+                value = message.value()
+                if offset is None or value is None:
                     continue
-                record = LedgerRecord.decode(
-                    message.value(), key=message.key(), offset=message.offset()
-                )
+                positions[message.partition()] = offset + 1
+                record = LedgerRecord.decode(value, key=message.key(), offset=offset)
                 if record is not None:
                     records.append(record)
             # Transaction markers occupy offsets too: the position can stop short of the end.

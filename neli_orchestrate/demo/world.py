@@ -146,7 +146,7 @@ class World:
             configs,
             timeout=self.settings.start_timeout,
         )
-        groups = {}
+        groups: dict[str, str] = {}
         self.observer = Observer(list(self.regions), self.bootstrap, groups)
 
     def _policy_env(self) -> dict[str, str]:

@@ -569,8 +569,9 @@ class LocalKafkaCluster:
         """The node id leading ``topic``'s ``partition`` now."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers,
-                             "logger": logging.getLogger(__name__ + ".librdkafka")})
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers,
+                                "logger": logging.getLogger(__name__ + ".librdkafka")}
+        admin = AdminClient(conf)
         metadata = admin.list_topics(topic, timeout=timeout)
         info = metadata.topics[topic]
         if info.error is not None:
