@@ -16,8 +16,6 @@ from typing import Any
 
 from airflow.policies import hookimpl
 
-from neli_orchestrate.airflow.operators.fenced import UnfenceableTaskError, fence_downstream
-
 __all__ = ["dag_policy", "policy_loaded"]
 
 
@@ -25,6 +23,12 @@ __all__ = ["dag_policy", "policy_loaded"]
 def dag_policy(dag: Any) -> None:
     """Fence each gate's direct child; refuse (import error) what cannot be fenced."""
     from airflow.exceptions import AirflowClusterPolicyViolation
+
+    # Imported here, not at module level: Airflow loads this entry point while importing its
+    # settings, which can happen inside `import neli_orchestrate.airflow.hooks.neli` (the
+    # hook imports Airflow); a module-level import of the operators would then import the
+    # half-initialised hook module and fail.
+    from neli_orchestrate.airflow.operators.fenced import UnfenceableTaskError, fence_downstream
 
     try:
         fence_downstream(dag)

@@ -148,6 +148,9 @@ def _transient_codes() -> frozenset[int]:
         error.NOT_LEADER_FOR_PARTITION, error.LEADER_NOT_AVAILABLE,
         error.UNKNOWN_TOPIC_OR_PART, error.REQUEST_TIMED_OUT, error._TRANSPORT,
         error._TIMED_OUT, error.NOT_COORDINATOR, error.COORDINATOR_LOAD_IN_PROGRESS,
+        # list_offsets on a partition whose leader the client has not learnt yet (a topic
+        # just created by another deployment): "Failed to query partition leaders".
+        error._NOENT,
     })
 
 

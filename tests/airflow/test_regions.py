@@ -287,12 +287,13 @@ def test_fenced_spark_task_fails_at_once_and_leaves_no_jvm(world: World) -> None
         task_process.send_signal(signal.SIGCONT)
     assert reservation.token > info["token"]
 
-    # Woken up, the task finds it lost leadership: it kills the job and fails, without retry.
+    # Woken up, the task finds it lost leadership: it kills the job and the try fails. A fence
+    # fails the try, not the run: Airflow retries it (retries=2), and the retry decides again.
     ti = region.wait_for_task(
         "neli_fence_test", run_id, "slow_job", ["failed", "success", "up_for_retry"], 120
     )
-    assert (ti["state"], ti["try_number"]) == ("failed", 1)
-    log = region.task_log("neli_fence_test", run_id, "slow_job")
+    assert ti["state"] == "up_for_retry" or ti["try_number"] >= 2, ti
+    log = region.task_log("neli_fence_test", run_id, "slow_job", try_number=1)
     assert "Fenced" in log, log[-3000:]
     gone = psutil.wait_procs(spark_tree, timeout=30)[1]
     assert not gone, [p.pid for p in gone]
