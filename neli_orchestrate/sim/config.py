@@ -23,6 +23,8 @@ MUTATIONS: dict[str, str] = {
     " the work is dropped: the work starts and runs unwatched",
     "sink_hwm_on_publish": "the token-checked sink raises its high-water mark only when a token"
     " publishes, not when a newer claim's job stages",
+    "unread_unreadable": "a try decides from the older record (Replay.records) when the run"
+    " key's newest ledger record cannot be read, instead of refusing (Replay.latest)",
 }
 
 
@@ -62,6 +64,10 @@ class SimConfig:
     clock_error: int = 200
 
     fault_free_fraction: float = 0.25
+    #: Faulty schedules where a deployment running a newer neli-orchestrate completes one run
+    #: key, its records in schema v2, unreadable to this version (rare: the run key is dead
+    #: for the others, which must refuse it).
+    newer_writer_fraction: float = 0.02
     fault_horizon: int = 10_000
     time_limit: int = 150_000
 
@@ -99,3 +105,5 @@ class SimConfig:
             )
         if not 0 <= self.fault_free_fraction <= 1:
             raise ConfigError("fault_free_fraction must be within [0, 1]")
+        if not 0 <= self.newer_writer_fraction <= 1:
+            raise ConfigError("newer_writer_fraction must be within [0, 1]")

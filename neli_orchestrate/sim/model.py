@@ -12,6 +12,8 @@ token-checked sink.
 from __future__ import annotations
 
 import dataclasses
+import json
+import random
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -27,7 +29,7 @@ from neli_orchestrate.decision import (
     decide,
     is_terminal,
 )
-from neli_orchestrate.errors import FencedError, KafkaUnavailableError
+from neli_orchestrate.errors import FencedError, KafkaUnavailableError, UnreadableRecordError
 from neli_orchestrate.ledger import LedgerError, LedgerRecord, Replay, RunState
 from neli_orchestrate.sim.broker import COMMITTED, DATA, UNKNOWN, Broker
 from neli_orchestrate.sim.config import SimConfig
@@ -65,6 +67,8 @@ WRITE_STEPS = ("gate.decided", "exec.verified", "exec.work_done", "step.verified
 #: ``RetryPolicy.max_retries``); the immortal deployment's tries never run out.
 MORTAL_RETRIES = (0, 3)
 UNBOUNDED = 1 << 30
+#: The deployment that runs a newer neli-orchestrate (ledger schema v2) in some schedules.
+NEWER = "newer"
 #: Results of a task try that end the DAG run (or the Dagster run) successfully.
 _FINISHED = ("completed", "skipped", "gave_up")
 
@@ -351,6 +355,8 @@ class Stats:
     fenced_before_start: int = 0
     #: Failed DAG runs an operator cleared (re-ran from the gate / re-executed).
     manual_clears: int = 0
+    #: Tries that refused to decide because the run key's newest record was unreadable.
+    unreadable_refused: int = 0
     min_handover_gap: int | None = None
     #: Faults that fired, by kind (``crash@gate.begun``, ``cut``, ``outage``, ...).
     fired: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -447,6 +453,12 @@ class Simulation:
         self.key_claim_token: dict[tuple[str, str], int] = {}
         self.begin_seq: dict[str, int] = {}
         self.step_counts: dict[tuple[str, str], int] = {}
+        #: Run keys a newer-version deployment completed: the truth behind their unreadable
+        #: newest record (the checker knows it; the members cannot read it).
+        self.newer_completed: dict[tuple[str, str], LedgerRecord] = {}
+        self.newer_values: set[bytes] = set()
+        #: DAG runs failed by an unreadable newest record (a permanent error).
+        self.unreadable_runs: set[tuple[str, str, str]] = set()
         self.broker.on_commit = self._on_commit
         kernel.on_step = self._on_step
         self._plan_faults()
@@ -518,6 +530,61 @@ class Simulation:
         for role in self.roles:
             for _ in range(rng.choice((0, 0, 1, 2))):
                 kernel.at(rng.randint(0, horizon), self._force_rebalance, role)
+        # Its own stream, so the other faults of every seed stay as they were.
+        newer = random.Random(f"newer-{self.seed}")
+        if newer.random() < cfg.newer_writer_fraction:
+            role, run_key = newer.choice(self.run_keys)
+            at = newer.randint(0, cfg.session_interval)
+            kernel.at(at, self._newer_completes, role, run_key)
+            self.log("plan", "newer deployment", f"completes {role}/{run_key} at {at} ms"
+                     " (schema v2)")
+
+    def _newer_completes(self, role: str, run_key: str) -> None:
+        """A deployment running a newer neli-orchestrate leads ``role`` (nobody else does),
+        finds no record of ``run_key``, runs it once and records COMPLETED in schema v2.
+
+        Through the same seam: ``begin`` fences earlier writers, the replay is taken after the
+        fence, the token is ``next_token``. Claim, work and COMPLETED are one instant here.
+        """
+        kernel = self.kernel
+        if any(m.leader(kernel.now) for m in self.members[role]):
+            self.log(NEWER, "does not lead", f"{role}: writes nothing")
+            return
+        dep = Deployment(NEWER, len(self.deployments), 0, False)
+        proc = kernel.spawn(NEWER, dep, "newer")
+        store = SimLedgerStore(self.broker, self.cache, self.audit, proc,
+                               partitions=self.partitions)
+        writer = store.begin(role)
+        try:
+            replay = writer.replay()
+        except KafkaUnavailableError as exc:
+            self.log(proc.name, "unavailable", str(exc))
+            return
+        if run_key in replay.records or run_key in replay.unreadable_at:
+            self.log(proc.name, "run key taken", f"{role}/{run_key}: writes nothing")
+            return
+        truth = LedgerRecord(role, run_key, RunState.COMPLETED, replay.next_token, NEWER,
+                             proc.name, 1, self.wall(proc))
+        value = json.loads(truth.encode())
+        value["v"] = 2
+        raw = json.dumps(value).encode()
+        self.newer_values.add(raw)
+        writer.write_encoded(truth, raw)  # not fenced: begun at this instant
+        # What that deployment did, in the checker's books: one execution, published, done.
+        key = (role, run_key)
+        self.stats.count("newer-version COMPLETED")
+        self.newer_completed[key] = truth
+        self.work_starts[key] = self.work_starts.get(key, 0) + 1
+        claimers = self.claimers.setdefault(key, {})
+        claimers[NEWER] = claimers.get(NEWER, 0) + 1
+        self.max_claim_token[role] = max(self.max_claim_token.get(role, -1), truth.token)
+        self.key_claim_token[key] = truth.token
+        self.max_started_token[key] = max(self.max_started_token.get(key, -1), truth.token)
+        self.sink[key] = (truth.token, 0)
+        self.sink_hwm[key] = max(self.sink_hwm.get(key, -1), truth.token)
+        self.completed[key] = truth.token
+        self.stats.completed += 1
+        self.log(proc.name, "wrote COMPLETED v2", f"{role}/{run_key} t{truth.token}")
 
     def _on_step(self, proc: Proc, label: str) -> tuple[Any, ...] | None:
         for fault in self.step_faults:
@@ -639,6 +706,13 @@ class Simulation:
         self.log(f"{dep.name}.scheduler", "manual clear", f"{role}/{run_key}: re-run")
         return True
 
+    def _unreadable(self, dep: Deployment, role: str, run_key: str) -> None:
+        """The run key's newest record cannot be read: a permanent error, so the run fails at
+        once (every retry would read the same record) and waits for an upgrade or a fix."""
+        self.unreadable_runs.add((dep.name, role, run_key))
+        self.log(f"{dep.name}.scheduler", "dag run failed",
+                 f"{role}/{run_key}: newest ledger record unreadable (permanent)")
+
     def _airflow(self, dep: Deployment, role: str, run_key: str, box: list[Thread]) -> Gen:
         """An Airflow-like DAG run: the gate, then the executor task with the gate's token.
 
@@ -654,6 +728,9 @@ class Simulation:
             while True:  # the gate
                 self._spawn_task(dep, "gate", role, run_key, None, box[0])
                 how, result = yield (PARK,)
+                if how == "exited" and result[0] == "unreadable":
+                    self._unreadable(dep, role, run_key)
+                    return
                 if how == "exited" and result[0] == "decided":
                     outcome, token = result[1], result[2]
                     if outcome in (Outcome.SKIP_DONE, Outcome.GIVE_UP):
@@ -673,6 +750,9 @@ class Simulation:
                 how, result = yield (PARK,)
                 if how == "exited" and result[0] in _FINISHED:
                     self._finish(dep, role, run_key, result[0])
+                    return
+                if how == "exited" and result[0] == "unreadable":
+                    self._unreadable(dep, role, run_key)
                     return
             if not (yield from self._exhausted(dep, role, run_key)):
                 return
@@ -694,6 +774,9 @@ class Simulation:
                 how, result = yield (PARK,)
                 if how == "exited" and result[0] in _FINISHED:
                     self._finish(dep, role, run_key, result[0])
+                    return
+                if how == "exited" and result[0] == "unreadable":
+                    self._unreadable(dep, role, run_key)
                     return
                 if how == "exited" and result[0] in ("held", "timeout"):
                     yield (SLEEP, cfg.wait_poll)  # the resource's bounded wait
@@ -720,7 +803,8 @@ class Simulation:
                 yield (STEP, "gate.replayed")
                 self._check_leader(member, role)
                 now = self.wall(proc)
-                decision = self.decide(replay.latest(run_key), me, now=now, policy=self.policy)
+                decision = self.decide(self._latest(replay, run_key), me, now=now,
+                                       policy=self.policy)
                 self.log(proc.name, f"decide {decision.outcome}", f"{run_key}: {decision.reason}")
                 token = None
                 if decision.writes:
@@ -734,6 +818,10 @@ class Simulation:
             except FencedError as exc:
                 result = ("fenced",)
                 self.log(proc.name, "fenced", str(exc))
+            except UnreadableRecordError as exc:
+                result = ("unreadable", exc.offset)
+                self.stats.unreadable_refused += 1
+                self.log(proc.name, "unreadable", str(exc))
             except KafkaUnavailableError as exc:
                 result = ("unavailable",)
                 self.log(proc.name, "unavailable", str(exc))
@@ -755,6 +843,12 @@ class Simulation:
         if self.config.mutation == "token_reuse" and decision.latest is not None:
             record = dataclasses.replace(record, token=decision.latest.token)
         return record
+
+    def _latest(self, replay: Replay, run_key: str) -> LedgerRecord | None:
+        """The record to decide from: ``Replay.latest`` refuses an unreadable newest record."""
+        if self.config.mutation == "unread_unreadable":
+            return replay.records.get(run_key)  # the defect: the older record, or none
+        return replay.latest(run_key)
 
     def _check_leader(self, member: Member, role: str) -> None:
         """``run.check()``: raise FencedError once this member no longer leads."""
@@ -779,7 +873,7 @@ class Simulation:
                 yield (STEP, f"{step}.begun")
                 replay = yield (CALL, writer.replay, ())
                 yield (STEP, f"{step}.replayed")
-                latest = replay.latest(run_key)
+                latest = self._latest(replay, run_key)
                 now = self.wall(proc)
                 running: LedgerRecord | None = None
                 kind = "advance"
@@ -876,6 +970,10 @@ class Simulation:
                 result = ("fenced",)
                 self.stats.fenced_tries += 1
                 self.log(proc.name, "fenced", str(exc))
+            except UnreadableRecordError as exc:
+                result = ("unreadable", exc.offset)
+                self.stats.unreadable_refused += 1
+                self.log(proc.name, "unreadable", str(exc))
             except KafkaUnavailableError as exc:
                 result = ("unavailable",)
                 self.log(proc.name, "unavailable", str(exc))
@@ -1027,8 +1125,8 @@ class Simulation:
 
     def _on_commit(self, partition: int, entries: list[Any]) -> None:
         for entry in entries:
-            if entry.value is None:
-                continue
+            if entry.value is None or entry.value in self.newer_values:
+                continue  # a newer deployment's record: its books are kept where it writes
             record = LedgerRecord.decode(entry.value, key=entry.key, offset=entry.offset)
             if record is None or record.state is not RunState.COMPLETED:
                 continue
@@ -1109,7 +1207,12 @@ class Simulation:
         for role in self.roles:
             replay = self.cache.replay(role, _partition(self, role), fenced=False)
             for r, run_key in self.run_keys:
-                if r == role:
+                if r != role:
+                    continue
+                truth = self.newer_completed.get((role, run_key))
+                if truth is not None and run_key in replay.unreadable_at:
+                    latest[(role, run_key)] = truth  # what the unreadable record stands for
+                else:
                     latest[(role, run_key)] = replay.latest(run_key)
         return latest
 
@@ -1132,6 +1235,8 @@ class Simulation:
                 continue
             for role, run_key in self.run_keys:
                 run = (dep.name, role, run_key)
+                if run in self.unreadable_runs and (role, run_key) in self.newer_completed:
+                    continue  # correctly refused: the newer deployment completed it
                 if not self.done.get(run) and not self.exhausted.get(run):
                     # Its tries never ran out and it can reach Kafka, yet it never finished.
                     self.fail(

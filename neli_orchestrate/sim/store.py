@@ -134,6 +134,11 @@ class SimLedgerWriter:
             raise ValueError(f"writer of role {self._role!r} cannot write {record.role!r}")
         self._transaction([(record.key, record.encode())], [record], record.token)
 
+    def write_encoded(self, record: LedgerRecord, value: bytes) -> None:
+        """Write ``value`` under ``record``'s key: what a writer of another library version
+        (another schema) writes where this version would write ``record``."""
+        self._transaction([(record.key, value)], [record], record.token)
+
     def tombstone(self, run_keys: Sequence[str]) -> None:
         if run_keys:
             messages: list[tuple[bytes, bytes | None]] = [

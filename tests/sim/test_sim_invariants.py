@@ -47,6 +47,10 @@ def test_ten_thousand_seeded_schedules_keep_every_invariant() -> None:
     assert summary.own_later_tries > 0
     assert summary.fenced_tries > 0 and summary.fenced_before_start > 0
     assert summary.manual_clears > 0
+    # A newer-version deployment completed run keys in records this version cannot read, and
+    # tries met them and refused to decide (L1 counts those run keys as completed).
+    assert summary.fired.get("newer-version COMPLETED", 0) > 0
+    assert summary.unreadable_refused > 0
     # S1's margin: a new leader never started before the previous one's belief ended.
     assert summary.min_handover_gap is not None and summary.min_handover_gap > 0
 
