@@ -25,7 +25,6 @@ import shlex
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from datetime import UTC, datetime
 from typing import Any, get_args
 
 import dagster as dg
@@ -43,13 +42,8 @@ logger = logging.getLogger(__name__)
 
 
 def _describe(record: LedgerRecord | None) -> str:
-    if record is None:
-        return "no ledger record"
-    at = datetime.fromtimestamp(record.at, UTC).isoformat(timespec="seconds")
-    text = f"{record.state} by deployment {record.deployment!r} with token {record.token} at {at}"
-    if record.reason:
-        text += f" ({record.reason})"
-    return text
+    """One log line about a ledger record (or its absence): :meth:`LedgerRecord.describe`."""
+    return "no ledger record" if record is None else record.describe()
 
 
 class NeliResource(dg.ConfigurableResource):
