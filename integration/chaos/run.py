@@ -7,8 +7,9 @@ Usage::
     python -m integration.chaos --scenario kill-mid-job --trials 20
     python -m integration.chaos --scenario stop-past-session --broken no-fence   # must FAIL
 
-One invocation starts one local Kafka broker and the regions (two, or ``--regions``) once, then
-runs the trials one after another, each on a date of its own (2013-02-01, 2013-02-02, ...):
+One invocation starts the local Kafka (one broker, or ``--kafka-nodes 3``) and two regions
+once, then runs the trials one after another, round robin over the scenarios, each on a date
+(run key) of its own, after the last date any trial in the results directory used:
 trigger the nycflights DAG for the date in every region at once, inject the scenario's fault,
 wait for every run to end, and check (neli_orchestrate.demo.evidence):
 
@@ -43,6 +44,7 @@ from typing import Any
 
 from neli_orchestrate.demo.evidence import Fault, kill_tree
 from neli_orchestrate.demo.world import (
+    DAG_ID,
     GATE_TASK,
     SPARK_TASK,
     Settings,
@@ -58,6 +60,17 @@ logger = logging.getLogger("integration.chaos")
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 FIRST_DATE = dt.date(2013, 2, 1)
+REGION_NAMES = ("us-east-1", "eu-west-1", "ap-south-1")
+#: Airflow settings of the chaos regions: a region killed or restarted leaves task instances
+#: "running" under a dead scheduler job; Airflow resets them (orphaned_tasks_check_interval,
+#: default 300 s, once the job is older than scheduler_health_check_threshold) or fails them
+#: when their heartbeats stop (task_instance_heartbeat_timeout, default 300 s). Shorter, so a
+#: trial's runs end in about a minute rather than five; what happens is the same.
+CHAOS_REGION_ENV = {
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "20",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+}
 
 
 @dataclass
@@ -89,21 +102,36 @@ class Trial:
 
 def kill_before_claim(trial: Trial) -> Fault | None:
     """kill -9 the gate's task process of the first region that runs it, before any claim."""
+    import psutil
+
     world = trial.world
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if trial.claims():
-            return None  # the window closed before we saw a gate process: a miss, reported
+    # the task instances exist from the run's creation: learn their ids once, then watch the
+    # process table alone (fast) for the first task process carrying one
+    gates: dict[str, str] = {}
+    while len(gates) < len(trial.runs) and time.monotonic() < deadline:
         for name, by_date in trial.runs.items():
-            pids = task_pids(world.region(name), by_date[trial.date], GATE_TASK)
-            if pids and not trial.claims():
-                at = time.time()
-                killed = [p for pid in pids for p in kill_tree(pid, signal.SIGKILL)]
-                return world.observer.fault(  # type: ignore[union-attr]
-                    Fault("kill-before-claim", name, trial.date, at, killed,
-                          detail="gate process")
-                )
-        time.sleep(0.1)
+            ti = world.region(name).task_instances(DAG_ID, by_date[trial.date]).get(GATE_TASK)
+            if ti and ti.get("id"):
+                gates[name] = ti["id"]
+        time.sleep(0.2)
+    while time.monotonic() < deadline:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            title = " ".join(proc.info["cmdline"] or [])
+            if not title.startswith("airflow worker -- ") or "LocalExecutor" in title:
+                continue
+            for name, ti_id in gates.items():
+                if ti_id in title:
+                    at = time.time()
+                    killed = kill_tree(proc.pid, signal.SIGKILL)
+                    earlier = [c for c in trial.claims() if c.at < at]
+                    detail = "gate process, before any claim" if not earlier else (
+                        f"gate process, after a claim at token {earlier[0].token} (window missed)"
+                    )
+                    return world.observer.fault(  # type: ignore[union-attr]
+                        Fault("kill-before-claim", name, trial.date, at, killed, detail=detail)
+                    )
+        time.sleep(0.05)
     return None
 
 
@@ -207,17 +235,125 @@ def ledger_leader_kill(trial: Trial) -> Fault | None:
     )
 
 
-SCENARIOS: dict[str, tuple[Callable[[Trial], Fault | None], bool]] = {
-    # name: (inject, the faulted region's Spark task must FAIL with a fencing reason)
-    "kill-before-claim": (kill_before_claim, False),
-    "kill-mid-job": (kill_mid_job, False),
-    "kill-after-job": (kill_after_job, False),
-    "stop-past-session": (stop_past_session, True),
-    "broker-restart": (broker_restart, True),
-    "ledger-leader-kill": (ledger_leader_kill, False),
+def rolling_restart(trial: Trial) -> Fault | None:
+    """Restart every region in turn, as an upgrade does (stop: SIGTERM then SIGKILL; start;
+    wait healthy), beginning mid-job with the region running the job; the next region is
+    restarted once the previous one is healthy again."""
+    world = trial.world
+    span = world.wait_mid_job([trial.date])
+    order = [span.region, *(r for r in world.settings.regions if r != span.region)]
+    first = None
+    for name in order:
+        at = time.time()
+        world.restart_region(name)
+        fault = world.observer.fault(  # type: ignore[union-attr]
+            Fault("rolling-restart", name, trial.date, at, [],
+                  detail=f"restarted in {time.time() - at:.1f} s")
+        )
+        first = first or fault
+    return first
+
+
+def two_regions_fail(trial: Trial) -> Fault | None:
+    """Three regions: kill -9 the whole region running the job mid-job (every process:
+    api-server, scheduler, workers, the task and its Spark job), then the region that takes
+    over, mid-job too; the third must complete the run. Both regions are started again once
+    the run is COMPLETED, and their orphaned tries must not run it again."""
+    world = trial.world
+    if len(world.settings.regions) < 3:
+        raise RuntimeError("three-regions-two-fail needs --regions 3")
+    key = run_key_of(trial.date)
+    dead: list[str] = []
+    first = None
+    for _ in range(2):
+        deadline = time.monotonic() + 600
+        span = None
+        while time.monotonic() < deadline:
+            candidate = world.mid_job([trial.date])
+            if candidate is not None and candidate.region not in dead:
+                span = candidate
+                break
+            time.sleep(0.2)
+        if span is None:
+            raise TimeoutError(f"{trial.date}: no live region ran the job after {dead}")
+        at = time.time()
+        pids = world.kill_region(span.region)
+        dead.append(span.region)
+        fault = world.observer.fault(  # type: ignore[union-attr]
+            Fault("region-lost", span.region, trial.date, at, pids,
+                  detail=f"whole region killed -9 ({len(pids)} processes)")
+        )
+        first = first or fault
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if any(r.run_key == key and str(r.state) == "COMPLETED" for r in world.history()):
+            break
+        time.sleep(1.0)
+    for name in dead:
+        world.start_region(name)
+    return first
+
+
+def network_cut(trial: Trial) -> Fault | None:
+    """Each region in its own network namespace: set the veth link of the region running the
+    job down mid-job, keep it down until the other region has claimed the run and started its
+    job, then up again. The cut region must be fenced; the other region must not notice."""
+    world = trial.world
+    if not world.namespaces:
+        raise RuntimeError("network-cut needs --netns (each region in its own namespace)")
+    span = world.wait_mid_job([trial.date])
+    namespace = world.namespaces[span.region]
+    at = time.time()
+    namespace.cut()
+    fault = world.observer.fault(  # type: ignore[union-attr]
+        Fault("network-cut", span.region, trial.date, at, [],
+              detail=f"link {namespace.host_link} down")
+    )
+    try:
+        claim = trial.wait_claim(not_by=span.region, above=span.token or -1)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if any(s.token == claim.token for s in world.observer.running_jvms()):  # type: ignore[union-attr]
+                break
+            time.sleep(0.2)
+    finally:
+        namespace.heal()
+        fault.resumed_at = time.time()
+    return fault
+
+
+@dataclass(frozen=True)
+class Scenario:
+    inject: Callable[[Trial], Fault | None]
+    #: the faulted region survives the fault and its Spark task must FAIL with a fencing reason
+    must_fence: bool = False
+    #: the world it needs: "" (two regions, one broker), "cluster" (--kafka-nodes 3),
+    #: "regions3" (--regions 3), "netns" (--netns)
+    world: str = ""
+    #: no region but the faulted one may have a failed Spark task
+    others_untouched: bool = False
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "kill-before-claim": Scenario(kill_before_claim),
+    "kill-mid-job": Scenario(kill_mid_job),
+    "kill-after-job": Scenario(kill_after_job),
+    "stop-past-session": Scenario(stop_past_session, must_fence=True),
+    "broker-restart": Scenario(broker_restart, must_fence=True),
+    "rolling-restart": Scenario(rolling_restart),
+    "ledger-leader-kill": Scenario(ledger_leader_kill, world="cluster"),
+    "three-regions-two-fail": Scenario(two_regions_fail, world="regions3"),
+    "network-cut": Scenario(network_cut, must_fence=True, world="netns",
+                            others_untouched=True),
 }
-#: scenarios that need the three-broker cluster (--kafka-nodes 3); "all" runs them only there
-CLUSTER_SCENARIOS = frozenset({"ledger-leader-kill"})
+
+
+def world_of(kafka_nodes: int, regions: int, netns: bool) -> str:
+    if netns:
+        return "netns"
+    if kafka_nodes >= 3:
+        return "cluster"
+    return "regions3" if regions >= 3 else ""
 
 
 class _quiet:
@@ -267,14 +403,14 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
               timeout: float) -> dict[str, Any]:
     from neli_orchestrate.demo.timeline import draw_timeline
 
-    inject, must_fence = SCENARIOS[scenario]
+    spec = SCENARIOS[scenario]
     began = time.time()
     runs = world.trigger([date])
     trial = Trial(world, date, runs, began)
     error = None
     fault = None
     try:
-        fault = inject(trial)
+        fault = spec.inject(trial)
         world.wait(runs, timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - a failed trial is a result, not a crash
         error = f"{type(exc).__name__}: {exc}"
@@ -288,7 +424,13 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
             error = (error or "") + f" undo failed: {exc}"
     outcome = report.dates[0]
     fenced_ok = None
-    if fault is not None and must_fence:
+    if fault is not None and spec.others_untouched:
+        for region, why in outcome.failed_in.items():
+            if region != fault.region:
+                report.problems.append(f"{date}: {region} was not cut off but its task "
+                                       f"FAILED ({why})")
+                error = (error or "") + f" {region} touched by the cut"
+    if fault is not None and spec.must_fence:
         why = outcome.failed_in.get(fault.region, "")
         fenced_ok = is_fence(why)
         if not fenced_ok:
@@ -316,6 +458,35 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
     draw_timeline(report, world.observer, history, list(world.settings.regions),  # type: ignore[arg-type]
                   out / f"{name}.png", title=f"{scenario} #{n}", fences=world.fences(runs))
     return result
+
+
+def load_results(out: Path) -> list[dict[str, Any]]:
+    """Every trial report in ``out`` (from this run and earlier ones), oldest first."""
+    found = []
+    for path in sorted(out.glob("*-[0-9][0-9][0-9].json")):
+        found.append(json.loads(path.read_text()))
+    return sorted(found, key=lambda r: (r["scenario"], r["trial"]))
+
+
+def next_trial_number(out: Path, scenario: str) -> int:
+    taken = [int(p.stem.rsplit("-", 1)[1]) for p in out.glob(f"{scenario}-[0-9][0-9][0-9].json")]
+    return max(taken, default=0) + 1
+
+
+def next_date(out: Path, date: dt.date) -> dt.date:
+    """``date``, or the day after the last date any trial in ``out`` used: every trial of every
+    run gets a run key of its own, so no trial can see an earlier trial's records."""
+    used = [dt.date.fromisoformat(r["date"]) for r in load_results(out)]
+    return max(date, max(used, default=date - dt.timedelta(days=1)) + dt.timedelta(days=1))
+
+
+def _deadline(until: str | None) -> float | None:
+    """``HH:MM`` (UTC, today) as an epoch: no new trial starts after it."""
+    if until is None:
+        return None
+    now = dt.datetime.now(dt.UTC)
+    hour, minute = (int(x) for x in until.split(":"))
+    return now.replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -369,10 +540,46 @@ def write_summary(results: Sequence[dict[str, Any]], out: Path,
     return table
 
 
+DAGSTER_SCENARIO = "dagster-kill-mid-step"
+
+
+def main_dagster(args: argparse.Namespace) -> int:
+    """The Dagster scenario (integration/chaos/dagster.py): its own world, a broker only."""
+    from integration.chaos.dagster import DagsterWorld, run_dagster_trial
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="neli-chaos-dagster-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_to_file(workdir / "chaos.log")
+    out = args.out / "latest"
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"chaos: workdir {workdir}, results {out}", flush=True)
+    until = _deadline(args.until)
+    date = dt.date.fromisoformat(args.first_date)
+    results = []
+    with DagsterWorld(workdir, args.bootstrap) as world:
+        for _ in range(args.trials):
+            if until is not None and time.time() >= until:
+                break
+            n = next_trial_number(out, DAGSTER_SCENARIO)
+            date = next_date(out, date)
+            result = run_dagster_trial(world, n, date.isoformat(), out, args.timeout)
+            results.append(result)
+            error = f" ERROR {result['error']}" if result["error"] else ""
+            print(f"chaos: {DAGSTER_SCENARIO} #{n} {date}: duplicates={result['duplicates']} "
+                  f"lost={result['lost']} takeover={result['takeover_seconds']} "
+                  f"ran_in={result['ran_in']} ({result['seconds']} s){error}", flush=True)
+            date += dt.timedelta(days=1)
+            write_summary(load_results(out), out, None)
+    bad = [r for r in results if r["duplicates"] or r["lost"] or r["error"]]
+    print(f"chaos: {len(results)} trials, {len(bad)} failed checks", flush=True)
+    return 1 if bad else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m integration.chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", action="append", choices=[*SCENARIOS, "all"],
+    parser.add_argument("--scenario", action="append",
+                        choices=[*SCENARIOS, DAGSTER_SCENARIO, "all"],
                         help="scenario to run (repeatable; default all)")
     parser.add_argument("--trials", type=int, default=1, help="trials per scenario")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
@@ -381,16 +588,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--first-date", default=str(FIRST_DATE),
                         help="date of the first trial (one date per trial, then the next)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per trial")
+    parser.add_argument("--until", default=None, metavar="HH:MM",
+                        help="start no trial after this UTC time (with a large --trials)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--kafka-nodes", type=int, default=1,
                         help="1: one broker; 3: a KRaft cluster with RF 3 / min ISR 2")
     parser.add_argument("--bootstrap", default=None,
                         help="use this Kafka cluster instead of a local broker "
                         "(not with broker-restart)")
+    parser.add_argument("--regions", type=int, default=None,
+                        help="number of regions (default 2; three-regions-two-fail: 3)")
+    parser.add_argument("--netns", action="store_true",
+                        help="each region in its own network namespace (root; network-cut)")
+    parser.add_argument("--dagster", action="store_true",
+                        help="the Dagster scenario (two Dagster instances, kill -9 mid-step)")
     args = parser.parse_args(argv)
+    if args.dagster or DAGSTER_SCENARIO in (args.scenario or []):
+        return main_dagster(args)
+    regions = args.regions or (
+        3 if any(SCENARIOS[s].world == "regions3" for s in args.scenario or []) else 2
+    )
+    if regions > len(REGION_NAMES):
+        parser.error(f"--regions: at most {len(REGION_NAMES)}")
+    kind = world_of(args.kafka_nodes, regions, args.netns)
     scenarios = [s for s in (args.scenario or ["all"]) if s != "all"] or [
-        s for s in SCENARIOS if (s in CLUSTER_SCENARIOS) == (args.kafka_nodes >= 3)
+        s for s in SCENARIOS if SCENARIOS[s].world == kind
     ]
+    for s in scenarios:
+        if SCENARIOS[s].world != kind:
+            need = {"cluster": "--kafka-nodes 3", "regions3": "--regions 3",
+                    "netns": "--netns", "": "two regions, one broker"}[SCENARIOS[s].world]
+            parser.error(f"scenario {s} needs {need}; run it in an invocation of its own")
     if args.trials < 1:
         parser.error("--trials must be at least 1")
     if args.bootstrap and "broker-restart" in scenarios:
@@ -408,11 +636,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kafka_nodes >= 3 and "broker-restart" in scenarios:
         parser.error("broker-restart runs on the single broker: drop --kafka-nodes")
     settings = Settings(workdir=workdir, dags=dags, bootstrap_servers=args.bootstrap,
-                        kafka_nodes=args.kafka_nodes)
+                        kafka_nodes=args.kafka_nodes, regions=REGION_NAMES[:regions],
+                        netns=args.netns, region_env=CHAOS_REGION_ENV)
+    until = _deadline(args.until)
     with World.start(settings,
                      lambda text: print(f"chaos: {text}", flush=True)) as world:
-        for scenario in scenarios:
-            for n in range(1, args.trials + 1):
+        # round robin (every scenario once, then again), so a run cut short by --until still
+        # covers every scenario; each trial on a date (run key) of its own
+        for _ in range(args.trials):
+            for scenario in scenarios:
+                if until is not None and time.time() >= until:
+                    break
+                n = next_trial_number(out, scenario)
+                date = next_date(out, date)
                 result = run_trial(world, scenario, n, date.isoformat(), out, args.timeout)
                 results.append(result)
                 error = f" ERROR {result['error']}" if result["error"] else ""
@@ -424,8 +660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 date += dt.timedelta(days=1)
-                # after every trial, so an interrupted run keeps what it measured
-                table = write_summary(results, out, args.broken)
+                # after every trial, so an interrupted run keeps what it measured; the summary
+                # covers every trial in the results directory (runs add up)
+                table = write_summary(load_results(out), out, args.broken)
     print(markdown(table, f"### {_title(args.broken)}"))
     bad = [r for r in results
            if r["duplicates"] or r["lost"] or r["fenced_as_expected"] is False or r["error"]]

@@ -295,7 +295,7 @@ def _paused(fault_list: Iterable[Fault], region: str, start: float, end: float) 
     """Seconds of [start, end] during which ``region``'s work was frozen by a SIGSTOP fault."""
     total = 0.0
     for fault in fault_list:
-        if fault.kind != "stop" or fault.region != region:
+        if not fault.kind.startswith("stop") or fault.region != region:
             continue
         stop_end = fault.resumed_at if fault.resumed_at is not None else end
         total += max(0.0, min(end, stop_end) - max(start, fault.at))

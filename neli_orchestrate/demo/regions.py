@@ -205,6 +205,10 @@ class RegionConfig:
     #: "database": create ``connections`` through the REST API once the region is up (what
     #: users do); "environment": pass them as ``AIRFLOW_CONN_*`` variables.
     connection_source: str = "database"
+    #: run every process of the region in this network namespace (``ip netns``; it must
+    #: exist), its api-server reached from outside at ``address``
+    netns: str | None = None
+    address: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.connection_source not in ("database", "environment"):
@@ -235,7 +239,7 @@ class AirflowRegion:
     @property
     def api_url(self) -> str:
         """Base URL of this region's api-server (UI at ``/``)."""
-        return f"http://127.0.0.1:{self.api_port}"
+        return f"http://{self.config.address}:{self.api_port}"
 
     @property
     def database(self) -> Path:
@@ -259,11 +263,13 @@ class AirflowRegion:
                 "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.database}",
-                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__API__HOST": "0.0.0.0" if self.config.netns else "127.0.0.1",
                 "AIRFLOW__API__PORT": str(self.api_port),
                 "AIRFLOW__API__WORKERS": "1",
                 "AIRFLOW__API__BASE_URL": self.api_url,
-                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
+                # tasks reach their own api-server inside the region (its namespace)
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL":
+                    f"http://127.0.0.1:{self.api_port}/execution/",
                 # Several deployments share a few cores: the default 5 s lets a task's first
                 # call time out, its retry is refused (400) and the try fails before it starts.
                 "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
@@ -325,8 +331,9 @@ class AirflowRegion:
         env = self.environ()
         for name in self.components():
             log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+            netns = ["ip", "netns", "exec", self.config.netns] if self.config.netns else []
             self._procs[name] = subprocess.Popen(
-                [AIRFLOW, name],
+                [*netns, AIRFLOW, name],
                 env=env,
                 cwd=self.home,
                 stdout=log,
@@ -391,6 +398,19 @@ class AirflowRegion:
                 proc.wait(timeout=5)
         self._procs.clear()
         self.sweep()
+
+    def kill(self) -> list[int]:
+        """kill -9 every process of this region at once (a region lost), leaving its home and
+        database for :meth:`launch`; return the pids."""
+        for proc in self._procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        pids = [p.pid for p in self._procs.values()]
+        for proc in self._procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        self._procs.clear()
+        return pids + self.sweep()
 
     def sweep(self) -> list[int]:
         """Kill every process still carrying this region's marker; return their pids."""

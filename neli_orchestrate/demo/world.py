@@ -72,6 +72,10 @@ class Settings:
     kafka_nodes: int = 1
     kafka_properties: Mapping[str, str] = field(default_factory=dict)
     start_timeout: float = 300.0
+    #: extra environment of every region's processes (e.g. Airflow scheduler settings)
+    region_env: Mapping[str, str] = field(default_factory=dict)
+    #: each region in a network namespace of its own (root; neli_orchestrate.demo.netns)
+    netns: bool = False
 
 
 class World:
@@ -86,6 +90,7 @@ class World:
         self.bootstrap = settings.bootstrap_servers or ""
         self.regions: AirflowRegions | None = None
         self.observer: Observer | None = None
+        self.namespaces: dict[str, Any] = {}  # region -> netns.Netns (Settings.netns)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -112,6 +117,18 @@ class World:
                 properties=self.settings.kafka_properties,
             ).start(timeout=self.settings.start_timeout)
             self.bootstrap = self.kafka.bootstrap_servers
+        elif not self.bootstrap and self.settings.netns:
+            from neli_orchestrate.demo import netns
+
+            progress("creating a network namespace per region (veth to the host)")
+            netns.add_broker_address()
+            for i, name in enumerate(self.settings.regions, start=1):
+                self.namespaces[name] = netns.Netns(f"{self.namespace}-{i}", i).create()
+            progress(f"starting Kafka (KRaft, one node on {netns.BROKER_ADDRESS})")
+            self.kafka = _HostKafka(
+                workdir=self.workdir / "kafka", properties=self.settings.kafka_properties
+            ).start(timeout=self.settings.start_timeout)
+            self.bootstrap = self.kafka.bootstrap_servers
         elif not self.bootstrap:
             from neli_orchestrate.testing.local_kafka import LocalKafka
 
@@ -127,7 +144,7 @@ class World:
             "(api-server, scheduler with LocalExecutor, triggerer)"
         )
         sources = [p for p in Path(self.settings.dags).iterdir() if p.name != "__pycache__"]
-        env = self._policy_env()
+        env = {**self._policy_env(), **self.settings.region_env}
         configs = [
             RegionConfig(
                 name,
@@ -137,6 +154,11 @@ class World:
                 },
                 variables={"nycflights_output": str(self.output)},
                 env=env,
+                **(
+                    {"netns": self.namespaces[name].name,
+                     "address": self.namespaces[name].address}
+                    if name in self.namespaces else {}
+                ),
             )
             for name in self.settings.regions
         ]
@@ -217,6 +239,9 @@ class World:
         if self.kafka is not None:
             self.kafka.stop()
             self.kafka = None
+        for namespace in self.namespaces.values():
+            namespace.delete()
+        self.namespaces.clear()
 
     def __enter__(self) -> World:
         return self
@@ -320,6 +345,24 @@ class World:
 
     # -- faults ----------------------------------------------------------------------------
 
+    def kill_region(self, name: str) -> list[int]:
+        """kill -9 every process of region ``name`` (a lost region); see :meth:`start_region`."""
+        pids = self.region(name).kill()
+        logger.info("killed region %s (%d processes)", name, len(pids))
+        return pids
+
+    def start_region(self, name: str) -> None:
+        """Start region ``name`` again on its home and database; return once healthy."""
+        region = self.region(name)
+        region.launch()
+        region.wait_healthy(self.settings.start_timeout)
+
+    def restart_region(self, name: str) -> None:
+        """Stop region ``name`` as an operator would (SIGTERM, then what is left with SIGKILL)
+        and start it again."""
+        self.region(name).stop()
+        self.start_region(name)
+
     def mid_job(self, dates: Sequence[str], *, after: float = 3.0) -> Span | None:
         """A Spark execution of ``dates`` whose PySpark driver has run ``after`` seconds, if any
         (the JVM alone is still booting: that is not yet mid-job)."""
@@ -369,6 +412,32 @@ class World:
         return self.observer.fault(
             Fault(kind, span.region, span.date, at, pids, detail=f"task pid {task_pid}")
         )
+
+
+def _host_kafka_class() -> Any:
+    from neli_orchestrate.demo.netns import BROKER_ADDRESS
+    from neli_orchestrate.testing.local_kafka import LocalKafka
+
+    class HostKafka(LocalKafka):
+        """A LocalKafka whose clients' listener is on the host address every region's
+        namespace routes to (its controller stays on loopback)."""
+
+        @property
+        def bootstrap_servers(self) -> str:
+            return f"{BROKER_ADDRESS}:{self.port}"
+
+        def _security_properties(self) -> dict[str, str]:
+            return {
+                "listeners": f"PLAINTEXT://{BROKER_ADDRESS}:{self.port},"
+                             f"CONTROLLER://127.0.0.1:{self.controller_port}",
+                "advertised.listeners": f"PLAINTEXT://{BROKER_ADDRESS}:{self.port}",
+            }
+
+    return HostKafka
+
+
+def _HostKafka(**kwargs: Any) -> Any:  # noqa: N802 - a class, imported late
+    return _host_kafka_class()(**kwargs)
 
 
 def log_to_file(path: Path) -> None:
