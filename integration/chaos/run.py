@@ -49,7 +49,6 @@ from neli_orchestrate.demo.world import (
     SPARK_TASK,
     Settings,
     World,
-    is_fence,
     log_to_file,
     run_key_of,
     task_pids,
@@ -424,19 +423,22 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
             error = (error or "") + f" undo failed: {exc}"
     outcome = report.dates[0]
     fenced_ok = None
+    # every Spark-task try that FAILED with a fencing reason, in any region (a fence fails the
+    # try, not the run: a later try of the fenced region may end skipped or superseded)
+    fences = world.fences(runs)
     if fault is not None and spec.others_untouched:
-        for region, why in outcome.failed_in.items():
-            if region != fault.region:
-                report.problems.append(f"{date}: {region} was not cut off but its task "
-                                       f"FAILED ({why})")
-                error = (error or "") + f" {region} touched by the cut"
+        touched = {r: why for r, why in outcome.failed_in.items() if r != fault.region}
+        touched.update({r: "fenced" for r, d, _ in fences if d == date and r != fault.region})
+        for region, why in touched.items():
+            report.problems.append(f"{date}: {region} was not cut off but its task "
+                                   f"FAILED ({why})")
+            error = (error or "") + f" {region} touched by the cut"
     if fault is not None and spec.must_fence:
-        why = outcome.failed_in.get(fault.region, "")
-        fenced_ok = is_fence(why)
+        fenced_ok = any(r == fault.region and d == date for r, d, _ in fences)
         if not fenced_ok:
             report.problems.append(
-                f"{date}: {fault.region}'s task was not fenced (state "
-                f"{world.task_states(runs)[date].get(fault.region)})"
+                f"{date}: no try of {fault.region}'s task FAILED with a fencing reason (last "
+                f"state {world.task_states(runs)[date].get(fault.region)})"
             )
     result = {
         "scenario": scenario,
@@ -456,7 +458,7 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
     name = f"{scenario}-{n:03d}"
     (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
     draw_timeline(report, world.observer, history, list(world.settings.regions),  # type: ignore[arg-type]
-                  out / f"{name}.png", title=f"{scenario} #{n}", fences=world.fences(runs))
+                  out / f"{name}.png", title=f"{scenario} #{n}", fences=fences)
     return result
 
 

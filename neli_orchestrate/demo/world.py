@@ -456,7 +456,8 @@ def log_to_file(path: Path) -> None:
 
 def task_pids(region: AirflowRegion, run_id: str, task_id: str) -> list[int]:
     """Pids of the Airflow task process(es) running ``task_id`` of ``run_id`` in ``region``
-    (the process whose title carries the task instance's id), without their children."""
+    (the process whose title is ``airflow worker -- <task instance id>``), without their
+    children."""
     import psutil
 
     ti = region.task_instances(DAG_ID, run_id).get(task_id) or {}
@@ -465,7 +466,11 @@ def task_pids(region: AirflowRegion, run_id: str, task_id: str) -> list[int]:
         return []
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
-        if ti_id in " ".join(proc.info["cmdline"] or []):
+        title = " ".join(proc.info["cmdline"] or [])
+        # not the LocalExecutor worker supervising it ("airflow worker -- LocalExecutor: <id>"):
+        # killing the supervisor too would leave the try "running" until the scheduler's task
+        # heartbeat timeout, instead of failing it at once as a lost task process does
+        if ti_id in title and "LocalExecutor" not in title:
             found.append(proc.pid)
     return found
 
