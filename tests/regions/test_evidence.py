@@ -77,6 +77,15 @@ def test_a_frozen_zombie_is_not_a_live_duplicate_but_its_resumed_run_is() -> Non
     assert check(takeover_history(), executions, [early]).duplicates == 1
 
 
+def test_the_chaos_stop_fault_pauses_but_a_network_cut_does_not() -> None:
+    executions = [Span(A, DATE, 3.0, 30.0, 1), Span(B, DATE, 22.0, 39.0, 5)]
+    frozen = Fault("stop-past-session", A, DATE, 8.0, resumed_at=29.5)
+    assert check(takeover_history(), executions, [frozen]).duplicates == 0
+    # a region cut off from Kafka is not frozen: a job it runs on beside the new owner's is live
+    cut = Fault("network-cut", A, DATE, 8.0, resumed_at=29.5)
+    assert check(takeover_history(), executions, [cut]).duplicates == 1
+
+
 def test_output_published_under_another_token_is_a_duplicate() -> None:
     assert check(takeover_history(), [], sink=1).duplicates == 1
 
