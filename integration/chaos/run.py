@@ -44,8 +44,6 @@ from typing import Any
 
 from neli_orchestrate.demo.evidence import Fault, kill_tree
 from neli_orchestrate.demo.world import (
-    DAG_ID,
-    GATE_TASK,
     SPARK_TASK,
     Settings,
     World,
@@ -100,36 +98,37 @@ class Trial:
 
 
 def kill_before_claim(trial: Trial) -> Fault | None:
-    """kill -9 the gate's task process of the first region that runs it, before any claim."""
+    """kill -9 the first task process of the trial seen in any region, before any claim.
+
+    Every run of the previous trial has ended, so the first Airflow task process
+    (``airflow worker -- <task instance id>``) that appears is a gate (``claim_run``): the
+    process table alone is polled (every 50 ms), no REST call stands between its start and
+    the kill. The fault's detail says whether a claim of the run key already existed then (a
+    missed window; counted in the table's ``window_missed``)."""
     import psutil
 
     world = trial.world
+    observer = world.observer
+    assert observer is not None
     deadline = time.monotonic() + 300
-    # the task instances exist from the run's creation: learn their ids once, then watch the
-    # process table alone (fast) for the first task process carrying one
-    gates: dict[str, str] = {}
-    while len(gates) < len(trial.runs) and time.monotonic() < deadline:
-        for name, by_date in trial.runs.items():
-            ti = world.region(name).task_instances(DAG_ID, by_date[trial.date]).get(GATE_TASK)
-            if ti and ti.get("id"):
-                gates[name] = ti["id"]
-        time.sleep(0.2)
     while time.monotonic() < deadline:
         for proc in psutil.process_iter(["pid", "cmdline"]):
             title = " ".join(proc.info["cmdline"] or [])
             if not title.startswith("airflow worker -- ") or "LocalExecutor" in title:
                 continue
-            for name, ti_id in gates.items():
-                if ti_id in title:
-                    at = time.time()
-                    killed = kill_tree(proc.pid, signal.SIGKILL)
-                    earlier = [c for c in trial.claims() if c.at < at]
-                    detail = "gate process, before any claim" if not earlier else (
-                        f"gate process, after a claim at token {earlier[0].token} (window missed)"
-                    )
-                    return world.observer.fault(  # type: ignore[union-attr]
-                        Fault("kill-before-claim", name, trial.date, at, killed, detail=detail)
-                    )
+            region = observer._region_of_pid(proc.pid)
+            if region is None:
+                continue
+            at = time.time()
+            killed = kill_tree(proc.pid, signal.SIGKILL)
+            earlier = [c for c in trial.claims() if c.at < at]
+            detail = "gate process, before any claim" if not earlier else (
+                f"gate process, after {earlier[0].deployment}'s claim at token "
+                f"{earlier[0].token} (window missed)"
+            )
+            return observer.fault(
+                Fault("kill-before-claim", region, trial.date, at, killed, detail=detail)
+            )
         time.sleep(0.05)
     return None
 
@@ -508,6 +507,10 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         table[scenario] = {
             "trials": len(rows),
             "faults_injected": sum(r["fault_injected"] for r in rows),
+            "window_missed": sum(
+                1 for r in rows for f in r["report"]["faults"]
+                if "window missed" in f.get("detail", "")
+            ),
             "duplicates": sum(r["duplicates"] for r in rows),
             "lost": sum(r["lost"] for r in rows),
             "fenced": f"{sum(fenced)}/{len(fenced)}" if fenced else "-",
@@ -520,7 +523,8 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def markdown(table: dict[str, dict[str, Any]], header: str) -> str:
-    cols = ["trials", "faults_injected", "duplicates", "lost", "fenced", "errors",
+    cols = ["trials", "faults_injected", "window_missed", "duplicates", "lost", "fenced",
+            "errors",
             "takeover_p50_s", "takeover_p99_s", "trial_p50_s"]
     lines = [header, "", "| scenario | " + " | ".join(cols) + " |",
              "|---|" + "---|" * len(cols)]
