@@ -609,6 +609,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dagster", action="store_true",
                         help="the Dagster scenario (two Dagster instances, kill -9 mid-step)")
     args = parser.parse_args(argv)
+    # SIGTERM (a background run has SIGINT ignored) stops the world cleanly: regions, broker,
+    # network namespaces
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.dagster or DAGSTER_SCENARIO in (args.scenario or []):
         return main_dagster(args)
     regions = args.regions or (
