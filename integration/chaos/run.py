@@ -279,7 +279,8 @@ def two_regions_fail(trial: Trial) -> Fault | None:
         dead.append(span.region)
         fault = world.observer.fault(  # type: ignore[union-attr]
             Fault("region-lost", span.region, trial.date, at, pids,
-                  detail=f"whole region killed -9 ({len(pids)} processes)")
+                  detail="whole region killed -9 (its components' process groups and "
+                         "every process left in its home)")
         )
         first = first or fault
     deadline = time.monotonic() + 600
