@@ -518,7 +518,7 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "errors": sum(1 for r in rows if r["error"]),
             "takeover_p50_s": percentile(takeovers, 50),
             "takeover_p99_s": percentile(takeovers, 99),
-            "trial_p50_s": statistics.median(r["seconds"] for r in rows),
+            "trial_p50_s": round(statistics.median(r["seconds"] for r in rows), 1),
         }
     return table
 
@@ -532,6 +532,11 @@ def markdown(table: dict[str, dict[str, Any]], header: str) -> str:
     for scenario, row in table.items():
         cells = ["-" if row[c] is None else str(row[c]) for c in cols]
         lines.append(f"| {scenario} | " + " | ".join(cells) + " |")
+    totals = {c: sum(row[c] for row in table.values())
+              for c in ("trials", "faults_injected", "window_missed", "duplicates", "lost",
+                        "errors")}
+    lines.append("| **all** | " + " | ".join(
+        f"**{totals[c]}**" if c in totals else "" for c in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
