@@ -416,6 +416,7 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
         logger.exception("trial %s-%s", scenario, n)
     report, history = world.assess([date], runs)
     report.started_at = began
+    world.observer.unwatch(date)  # type: ignore[union-attr]  # later trials poll their own
     for undo in trial.after:
         try:
             undo()

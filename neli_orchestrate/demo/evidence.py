@@ -99,6 +99,14 @@ class Observer(threading.Thread):
 
     # -- public ----------------------------------------------------------------------------
 
+    def unwatch(self, date: str) -> None:
+        """Stop observing the role of ``date`` (its spans stay recorded)."""
+        with self._lock:
+            self.groups.pop(date, None)
+            span = self._open_leads.pop(date, None)
+            if span is not None:
+                span.end = time.time()
+
     def fault(self, fault: Fault) -> Fault:
         with self._lock:
             self.faults.append(fault)
@@ -137,15 +145,26 @@ class Observer(threading.Thread):
             "logger": logging.getLogger(__name__ + ".librdkafka"),
         }
         admin = AdminClient(conf)
+        failing = 0  # consecutive polls in which no group could be described
         while not self._halt.is_set():
             began = time.monotonic()
-            for what, poll in (("Spark JVMs", self._poll_jvms),
-                               ("role groups", lambda: self._poll_groups(admin))):
-                try:
-                    poll()
-                except Exception as exc:  # noqa: BLE001 - an observer never stops the run
-                    self.errors += 1
-                    logger.warning("observer: polling %s failed: %s", what, exc)
+            try:
+                self._poll_jvms()
+            except Exception as exc:  # noqa: BLE001 - an observer never stops the run
+                self.errors += 1
+                logger.warning("observer: polling Spark JVMs failed: %s", exc)
+            try:
+                failing = 0 if self._poll_groups(admin) else failing + 1
+            except Exception as exc:  # noqa: BLE001 - an observer never stops the run
+                self.errors += 1
+                failing += 1
+                logger.warning("observer: polling role groups failed: %s", exc)
+            if failing >= 3:
+                # After a broker restart an admin client can stay wedged (every request times
+                # out): start a new one.
+                logger.warning("observer: %d polls failed, new admin client", failing)
+                admin = AdminClient(conf)
+                failing = 0
             self._halt.wait(max(0.0, self.interval - (time.monotonic() - began)))
 
     def _region_of_pid(self, pid: int) -> str | None:
@@ -204,12 +223,14 @@ class Observer(threading.Thread):
             for pid in [p for p in self._open_jvms if p not in seen]:
                 del self._open_jvms[pid]
 
-    def _poll_groups(self, admin: Any) -> None:
+    def _poll_groups(self, admin: Any) -> bool:
+        """Record who leads each watched role; False when no group could be described."""
         groups = dict(self.groups)
         if not groups:
-            return
+            return True
         futures = admin.describe_consumer_groups(list(groups.values()), request_timeout=20)
         now = time.time()
+        described = 0
         for date, group in groups.items():
             try:
                 description = futures[group].result(timeout=30)
@@ -217,6 +238,7 @@ class Observer(threading.Thread):
                 self.errors += 1
                 logger.warning("observer: describing group %r failed: %s", group, exc)
                 continue
+            described += 1
             now = time.time()
             leader: tuple[str, int] | None = None
             for member in description.members or []:
@@ -242,6 +264,7 @@ class Observer(threading.Thread):
                         self._open_leads[date] = span
                         self.leadership.append(span)
                     span.end = now
+        return described > 0
 
 
 # -- assessment ---------------------------------------------------------------------------------
