@@ -144,8 +144,11 @@ class Observer(threading.Thread):
             "bootstrap.servers": self.bootstrap_servers,
             "logger": logging.getLogger(__name__ + ".librdkafka"),
         }
-        admin = AdminClient(conf)
-        failing = 0  # consecutive polls in which no group could be described
+        # Role groups are polled in a thread of their own: a describe that times out (broker
+        # down) must not slow down the Spark JVM polls the overlap check rests on.
+        groups = threading.Thread(target=self._groups_loop, args=(conf, AdminClient),
+                                  name="neli-observer-groups", daemon=True)
+        groups.start()
         while not self._halt.is_set():
             began = time.monotonic()
             try:
@@ -153,6 +156,14 @@ class Observer(threading.Thread):
             except Exception as exc:  # noqa: BLE001 - an observer never stops the run
                 self.errors += 1
                 logger.warning("observer: polling Spark JVMs failed: %s", exc)
+            self._halt.wait(max(0.0, self.interval - (time.monotonic() - began)))
+        groups.join(timeout=30)
+
+    def _groups_loop(self, conf: dict[str, Any], admin_class: Any) -> None:
+        admin = admin_class(conf)
+        failing = 0  # consecutive polls in which no group could be described
+        while not self._halt.is_set():
+            began = time.monotonic()
             try:
                 failing = 0 if self._poll_groups(admin) else failing + 1
             except Exception as exc:  # noqa: BLE001 - an observer never stops the run
@@ -163,7 +174,7 @@ class Observer(threading.Thread):
                 # After a broker restart an admin client can stay wedged (every request times
                 # out): start a new one.
                 logger.warning("observer: %d polls failed, new admin client", failing)
-                admin = AdminClient(conf)
+                admin = admin_class(conf)
                 failing = 0
             self._halt.wait(max(0.0, self.interval - (time.monotonic() - began)))
 
