@@ -107,6 +107,13 @@ class SingletonConfig:
     max_attempts: int | None = None
     max_clock_error: float = 1.0
     ledger_partitions: int = 1
+    #: Continue ledger replays from a checkpoint (in memory and a file per role on this host)
+    #: when safe, instead of reading the role's partition from offset 0 on every claim
+    #: (``KafkaLedgerConfig.replay_cache``; docs/ledger.md, "Replay cache").
+    ledger_replay_cache: bool = True
+    #: Directory of the replay cache files (None: ``$XDG_CACHE_HOME/neli-orchestrate/ledger``;
+    #: an empty string: memory only).
+    ledger_replay_cache_dir: str | None = None
     #: Poll interval of the watchdog and of leadership acquisition, seconds.
     poll_interval: float = 0.05
     policy: DecisionPolicy = field(init=False, repr=False)
@@ -148,6 +155,8 @@ class SingletonConfig:
             partitions=self.ledger_partitions,
             transactional_id_prefix=self.names.transactional_id_prefix,
             kafka_config=_client_settings(self.neli.kafka_config),
+            replay_cache=self.ledger_replay_cache,
+            replay_cache_dir=self.ledger_replay_cache_dir,
         )
 
 
