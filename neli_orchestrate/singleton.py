@@ -530,6 +530,7 @@ class Singleton:
         if busy is not None:
             yield busy
             return
+        self._warm(role)
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -570,6 +571,7 @@ class Singleton:
         busy = self._busy(role, run_key)
         if busy is not None:
             return self._reservation(busy)
+        self._warm(role)
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -607,6 +609,7 @@ class Singleton:
         run key terminally failed (``max_attempts``), or if ``token`` is not a claim this
         ledger issued for the run key.
         """
+        self._warm(role)
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -783,6 +786,12 @@ class Singleton:
             raise
         token = record.token if decision.claims else None
         return self._run_for(role, run_key, decision, token=token), record, writer
+
+    def _warm(self, role: str) -> None:
+        """Before joining: a first replay from offset 0 runs here, not against the lease."""
+        ledger = self.ledger
+        if isinstance(ledger, KafkaLedger):
+            ledger.warm(role)
 
     @contextlib.contextmanager
     def _hold(self, lead: _Leadership, writer: LedgerWriter, run: Run,

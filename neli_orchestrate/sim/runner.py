@@ -77,6 +77,7 @@ _SUMMED = (
     "fault_free", "events", "works", "claims", "completed", "terminal_failed",
     "fenced_writes", "stale_sink_commits", "leader_gains", "faults", "own_later_tries",
     "fenced_tries", "fenced_before_start", "manual_clears", "unreadable_refused",
+    "checkpoint_replays", "compacted",
 )
 
 
@@ -101,6 +102,8 @@ class Summary:
     fenced_before_start: int = 0
     manual_clears: int = 0
     unreadable_refused: int = 0
+    checkpoint_replays: int = 0
+    compacted: int = 0
     min_handover_gap: int | None = None
     fired: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
@@ -151,6 +154,8 @@ class Summary:
             f" started {self.fenced_before_start}), manual clears {self.manual_clears}",
             f"  tries refusing to decide on an unreadable newest record"
             f" {self.unreadable_refused}",
+            f"  replays continued from a host's checkpoint {self.checkpoint_replays},"
+            f" ledger records removed by compaction {self.compacted}",
             f"  leadership acquisitions {self.leader_gains}, smallest handover gap"
             f" {self.min_handover_gap} ms (S1 margin: > 0 means no overlap)",
         ]
