@@ -234,13 +234,74 @@ def run_ledger_size(bootstrap: str, trials: int, records: int, roles: int,
                               "max": max(loads)}}
 
 
+PHASES = (
+    # (object path, method, label) in the order a reserve passes them
+    ("neli_orchestrate.singleton:Singleton", "_busy", "busy check (DescribeGroups)"),
+    ("neli_orchestrate.singleton:Singleton", "_warm", "first checkpoint (if none)"),
+    ("neli_orchestrate.singleton:_Leadership", "__init__",
+     "member start (admin checks, producer, consumer, subscribe)"),
+    ("neli_orchestrate.singleton:_Leadership", "acquire",
+     "join, assignment, own heartbeat read back"),
+    ("neli_orchestrate.ledger.kafka:KafkaLedger", "begin", "ledger producer + init_transactions"),
+    ("neli_orchestrate.ledger.kafka:KafkaLedger", "_replay", "replay (tail)"),
+    ("neli_orchestrate.ledger.kafka:KafkaLedgerWriter", "write", "CLAIMED transaction commit"),
+    ("neli_orchestrate.singleton:_Leadership", "close", "leave the group, close clients"),
+)
+
+
+def run_phases(bootstrap: str, trials: int, protocol: str) -> dict[str, Any]:
+    """Time each phase of an uncontended reserve (wrapping the methods; trials in sequence)."""
+    import importlib
+
+    from neli_orchestrate import NeliConfig, Outcome, Singleton, SingletonConfig
+
+    timings: dict[str, list[float]] = {}
+    restore = []
+    for path, method, label in PHASES:
+        module, cls = path.split(":")
+        owner = getattr(importlib.import_module(module), cls)
+        original = getattr(owner, method)
+
+        def timed(*args: Any, __original: Any = original, __label: str = label,
+                  **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return __original(*args, **kwargs)
+            finally:
+                timings.setdefault(__label, []).append((time.perf_counter() - start) * 1000)
+
+        setattr(owner, method, timed)
+        restore.append((owner, method, original))
+    try:
+        neli = NeliConfig(bootstrap_servers=bootstrap, profile="fast", group_protocol=protocol)
+        with Singleton(SingletonConfig(neli=neli, namespace=f"phases{uuid.uuid4().hex[:6]}",
+                                       deployment="bench")) as singleton:
+            singleton.reserve("warm-up", "0")
+            timings.clear()
+            totals = []
+            for i in range(trials):
+                start = time.perf_counter()
+                reservation = singleton.reserve("role", f"k{i}")
+                totals.append((time.perf_counter() - start) * 1000)
+                if reservation.outcome is not Outcome.RUN:
+                    raise RuntimeError(f"uncontended reserve answered {reservation.outcome}:"
+                                       f" {reservation.reason}")
+    finally:
+        for owner, method, original in restore:
+            setattr(owner, method, original)
+    phases = {label: round(statistics.median(timings.get(label, [0.0])), 1)
+              for _, _, label in PHASES}
+    return {"protocol": protocol, "trials": trials,
+            "total_p50_ms": round(statistics.median(totals), 1), "phase_p50_ms": phases}
+
+
 def ledger_size_table(data: dict[str, Any]) -> str:
-    rows = ["| set-up | empty ledger p50 / p90 ms | "
-            f"{data['records']:,} records p50 / p90 ms | p50 ratio |", "|---|---|---|---|"]
+    rows = ["| set-up | empty ledger: n, p50 / p90 ms | "
+            f"{data['records']:,} records: n, p50 / p90 ms | p50 ratio |", "|---|---|---|---|"]
     for setup, ratio in data["p50_ratio_full_over_empty"].items():
         empty, full = data["results"][f"empty/{setup}"], data["results"][f"full/{setup}"]
-        rows.append(f"| {setup} (n={empty['n']}) | {empty['p50_ms']} / {empty['p90_ms']} |"
-                    f" {full['p50_ms']} / {full['p90_ms']} | {ratio}x |")
+        rows.append(f"| {setup} | {empty['n']}, {empty['p50_ms']} / {empty['p90_ms']} |"
+                    f" {full['n']}, {full['p50_ms']} / {full['p90_ms']} | {ratio}x |")
     return "\n".join(rows) + "\n"
 
 
@@ -249,6 +310,8 @@ def main() -> None:
     parser.add_argument("--bootstrap", help="existing cluster (default: start a LocalKafka)")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--protocols", nargs="+", default=["classic", "consumer"])
+    parser.add_argument("--phases", action="store_true",
+                        help="instead: where the time of an uncontended reserve goes")
     parser.add_argument("--ledger-records", type=int, default=0,
                         help="instead: reserve on an empty ledger vs one with this many records")
     parser.add_argument("--roles", type=int, default=1000,
@@ -264,7 +327,10 @@ def main() -> None:
         kafka = LocalKafka().start()
         bootstrap = kafka.bootstrap_servers
     try:
-        if args.ledger_records:
+        if args.phases:
+            profiles = [run_phases(bootstrap, args.trials, protocol)
+                        for protocol in args.protocols]
+        elif args.ledger_records:
             data = run_ledger_size(bootstrap, args.trials, args.ledger_records, args.roles,
                                    args.full_replays)
         else:
@@ -272,6 +338,26 @@ def main() -> None:
     finally:
         if kafka is not None:
             kafka.stop()
+    if args.phases:
+        load = os.getloadavg()
+        rows = ["| phase | " + " | ".join(f"{p['protocol']} p50 ms" for p in profiles) + " |",
+                "|---|" + "---|" * len(profiles)]
+        for _, _, label in PHASES:
+            rows.append(f"| {label} | "
+                        + " | ".join(str(p["phase_p50_ms"][label]) for p in profiles) + " |")
+        rows.append("| **reserve, end to end** | "
+                    + " | ".join(f"**{p['total_p50_ms']}**" for p in profiles) + " |")
+        table = "\n".join(rows) + "\n"
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "claim_phases.json").write_text(json.dumps(
+            {"profiles": profiles, "load_avg": load, "cpus": os.cpu_count()}, indent=2))
+        (RESULTS / "claim_phases.md").write_text(
+            f"# Where an uncontended reserve spends its time\n\n`python"
+            f" integration/bench/claim.py --phases --trials {args.trials}`; load average"
+            f" {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores.\n\n"
+            + table)
+        print(table)
+        return
     if args.ledger_records:
         data["meta"] = {"machine": platform.platform(), "cpus": os.cpu_count(),
                         "python": platform.python_version(), "profile": "fast",

@@ -403,9 +403,11 @@ class KafkaLedger:
             deadline = time.monotonic() + self.config.replay_timeout
             # Before the high watermark is read: every message above it is written later.
             read_at = time.time()
-            topic_id = self._topic_id() if self._cache is not None else None
+            # Topic id and log start are asked for alongside the high watermark (one round trip).
+            pending = self._partition_facts(partition) if self._cache is not None else None
             high = self._high_watermark(tp)
-            builder, start = self._resume(role, partition, topic_id, high, read_at)
+            topic_id, log_start = self._facts(pending)
+            builder, start = self._resume(role, partition, topic_id, log_start, high, read_at)
             if high > start:
                 position = self._fold(builder, role, tp, start, high, deadline)
             else:
@@ -417,8 +419,8 @@ class KafkaLedger:
                                            partition, position, read_at, builder.state()))
             return builder.build(position, fenced=fenced)
 
-    def _resume(self, role: str, partition: int, topic_id: str | None, high: int,
-                read_at: float) -> tuple[ReplayBuilder, int]:
+    def _resume(self, role: str, partition: int, topic_id: str | None, log_start: int,
+                high: int, read_at: float) -> tuple[ReplayBuilder, int]:
         """The fold to continue and its offset: the role's checkpoint if safe, else offset 0."""
         cache = self._cache
         if cache is None or topic_id is None:
@@ -426,7 +428,6 @@ class KafkaLedger:
         checkpoint = cache.get(self._cluster_id, self.config.topic, role)
         if checkpoint is None:
             return ReplayBuilder(role), 0
-        log_start = self._log_start(partition) if checkpoint.offset > 0 else 0
         why = refusal(checkpoint, topic_id=topic_id, partition=partition, log_start=log_start,
                       high=high, now=read_at, retention=self._delete_retention)
         if why is None:
@@ -500,34 +501,37 @@ class KafkaLedger:
         finally:
             consumer.unassign()
 
-    def _topic_id(self) -> str | None:
-        """The ledger topic's id (None when the broker will not say: no replay cache then)."""
+    def _partition_facts(self, partition: int) -> Any:
+        """Ask for the topic id and the log start offset at once; answered by ``_facts``."""
         ck = _kafka()
+        tp = ck.TopicPartition(self.config.topic, partition)
+        timeout = self.config.request_timeout
         try:
-            future = self._admin.describe_topics(
-                ck.TopicCollection([self.config.topic]),
-                request_timeout=self.config.request_timeout)[self.config.topic]
-            description = future.result(timeout=self.config.request_timeout * 2)
+            described = self._admin.describe_topics(
+                ck.TopicCollection([self.config.topic]), request_timeout=timeout
+            )[self.config.topic]
+            earliest = self._admin.list_offsets(
+                {tp: ck.admin.OffsetSpec.earliest()}, request_timeout=timeout)[tp]
+        except ck.KafkaException as exc:
+            logger.debug("cannot describe ledger topic %r (%s)", self.config.topic, exc)
+            return None
+        return described, earliest
+
+    def _facts(self, pending: Any) -> tuple[str | None, int]:
+        """(topic id, log start offset); (None, ...) when the broker will not say: no cache."""
+        if pending is None:
+            return None, sys.maxsize
+        ck = _kafka()
+        described, earliest = pending
+        timeout = self.config.request_timeout * 2
+        try:
+            topic_id = getattr(described.result(timeout=timeout), "topic_id", None)
+            log_start = int(earliest.result(timeout=timeout).offset)
         except ck.KafkaException as exc:
             logger.debug("cannot describe ledger topic %r (%s): replaying from offset 0",
                          self.config.topic, exc)
-            return None
-        topic_id = getattr(description, "topic_id", None)
-        return None if topic_id is None else str(topic_id)
-
-    def _log_start(self, partition: int) -> int:
-        """The partition's log start offset; unknown reads as "past every checkpoint"."""
-        ck = _kafka()
-        tp = ck.TopicPartition(self.config.topic, partition)
-        try:
-            result = self._admin.list_offsets(
-                {tp: ck.admin.OffsetSpec.earliest()},
-                request_timeout=self.config.request_timeout,
-            )[tp].result(timeout=self.config.request_timeout * 2)
-        except ck.KafkaException as exc:
-            logger.debug("cannot read the log start of %s[%d]: %s", tp.topic, partition, exc)
-            return sys.maxsize
-        return int(result.offset)
+            return None, sys.maxsize
+        return (None if topic_id is None else str(topic_id)), log_start
 
     def _high_watermark(self, tp: Any) -> int:
         ck = _kafka()
