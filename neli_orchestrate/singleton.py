@@ -788,10 +788,11 @@ class Singleton:
         return self._run_for(role, run_key, decision, token=token), record, writer
 
     def _warm(self, role: str) -> None:
-        """Before joining: a first replay from offset 0 runs here, not against the lease."""
+        """Before joining: a first replay from offset 0 runs here, not against the lease, and
+        the ledger producer connects (``KafkaLedger.prepare``)."""
         ledger = self.ledger
         if isinstance(ledger, KafkaLedger):
-            ledger.warm(role)
+            ledger.prepare(role)
 
     @contextlib.contextmanager
     def _hold(self, lead: _Leadership, writer: LedgerWriter, run: Run,

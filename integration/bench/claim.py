@@ -237,7 +237,8 @@ def run_ledger_size(bootstrap: str, trials: int, records: int, roles: int,
 PHASES = (
     # (object path, method, label) in the order a reserve passes them
     ("neli_orchestrate.singleton:Singleton", "_busy", "busy check (DescribeGroups)"),
-    ("neli_orchestrate.singleton:Singleton", "_warm", "first checkpoint (if none)"),
+    ("neli_orchestrate.singleton:Singleton", "_warm",
+     "prepare: first checkpoint (if none), connect producer"),
     ("neli_orchestrate.singleton:_Leadership", "__init__",
      "member start (admin checks, producer, consumer, subscribe)"),
     ("neli_orchestrate.singleton:_Leadership", "acquire",

@@ -11,6 +11,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,6 +193,8 @@ class KafkaLedger:
         self._cluster_id = ""
         #: The topic's delete.retention.ms in seconds (None: unknown, no checkpoint is trusted).
         self._delete_retention: float | None = None
+        #: Producers being created and connected before leading, by role (see prepare()).
+        self._prepared: dict[str, Future[Any]] = {}
         self._cache: ReplayCache | None = None
         if config.replay_cache:
             directory = config.replay_cache_dir
@@ -348,18 +351,16 @@ class KafkaLedger:
         """Create ``role``'s transactional producer and ``init_transactions()`` (fences earlier)."""
         with self._lock:
             partition = role_partition(role, self._ensure_ready())
+            prepared = self._prepared.pop(role, None)
         ck = _kafka()
-        conf = self._client_config()
-        conf.update(
-            {
-                "transactional.id": self.config.transactional_id(role),
-                "transaction.timeout.ms": int(self.config.transaction_timeout * 1000),
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 0,
-            }
-        )
-        producer = ck.Producer(conf)
+        producer = None
+        if prepared is not None:
+            try:
+                producer = prepared.result(timeout=self.config.request_timeout * 2)
+            except Exception as exc:  # noqa: BLE001 - created again below, errors reported there
+                logger.debug("the prepared ledger producer of %r is unusable: %s", role, exc)
+        if producer is None:
+            producer = self._producer(role)
         try:
             producer.init_transactions(self.config.request_timeout)
         except ck.KafkaException as exc:
@@ -378,6 +379,52 @@ class KafkaLedger:
             ) from exc
         logger.debug("began ledger writer for role %r (partition %d)", role, partition)
         return KafkaLedgerWriter(self, role, partition, producer)
+
+    def _producer(self, role: str) -> Any:
+        conf = self._client_config()
+        conf.update(
+            {
+                "transactional.id": self.config.transactional_id(role),
+                "transaction.timeout.ms": int(self.config.transaction_timeout * 1000),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 0,
+            }
+        )
+        return _kafka().Producer(conf)
+
+    def prepare(self, role: str) -> None:
+        """Get ready to :meth:`begin` ``role`` quickly; call it before leading (fences nobody).
+
+        Creates the role's producer and connects it (a metadata request): librdkafka retries
+        ``init_transactions`` on a fixed 500 ms timer when the coordinator's connection is not
+        up yet, which a producer created at ``begin`` usually hits. Also takes the role's
+        first replay checkpoint if there is none (:meth:`warm`).
+        """
+        self.warm(role)
+        with self._lock:
+            if role in self._prepared or self._closed:
+                return
+            future: Future[Any] = Future()
+            self._prepared[role] = future
+        # Connecting takes a round trip or two: it runs while the caller joins the group.
+        threading.Thread(target=self._connect, args=(role, future), daemon=True,
+                         name=f"neli-ledger-connect-{role}").start()
+
+    def _connect(self, role: str, future: Future[Any]) -> None:
+        try:
+            producer = self._producer(role)
+        except BaseException as exc:  # noqa: BLE001 - begin() creates it again and reports
+            future.set_exception(exc)
+            return
+        try:
+            producer.list_topics(self.config.topic, timeout=self.config.request_timeout)
+        except Exception as exc:  # noqa: BLE001 - only a head start; begin() reports errors
+            logger.debug("connecting the ledger producer of %r early failed: %s", role, exc)
+        future.set_result(producer)
+        with self._lock:
+            if self._closed:
+                _close_quietly(producer)
 
     def replay(self, role: str) -> Replay:
         """Replay ``role`` read_committed up to the high watermark (no fence; not for tokens)."""
@@ -587,6 +634,10 @@ class KafkaLedger:
         """Close the replay consumer; writers are closed by their owners."""
         with self._lock:
             self._closed = True
+            prepared, self._prepared = list(self._prepared.values()), {}
+            for future in prepared:
+                if future.done() and future.exception() is None:
+                    _close_quietly(future.result())
             if self._consumer is not None:
                 try:
                     self._consumer.close()
