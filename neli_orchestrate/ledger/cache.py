@@ -109,6 +109,9 @@ class ReplayCache:
     def __init__(self, directory: str | os.PathLike[str] | None) -> None:
         self.directory = None if directory is None else Path(directory)
         self._memory: dict[tuple[str, str, str], Checkpoint] = {}
+        #: (mtime_ns, size) of each file as last read or written: an unchanged file is not
+        #: parsed again.
+        self._seen: dict[tuple[str, str, str], tuple[int, int]] = {}
         self._unwritable = False
 
     def path(self, cluster_id: str, topic: str, role: str) -> Path | None:
@@ -120,12 +123,18 @@ class ReplayCache:
 
     def get(self, cluster_id: str, topic: str, role: str) -> Checkpoint | None:
         """The most advanced checkpoint of ``role``: this process's, or the host's file."""
-        cached = self._memory.get((cluster_id, topic, role))
+        key = (cluster_id, topic, role)
+        cached = self._memory.get(key)
         path = self.path(cluster_id, topic, role)
         if path is None:
             return cached
+        stamp = _stamp(path)
+        if stamp is None or (cached is not None and self._seen.get(key) == stamp):
+            return cached
         loaded = _load(path, cluster_id, topic, role)
+        self._seen[key] = stamp
         if loaded is not None and (cached is None or loaded.offset > cached.offset):
+            self._memory[key] = loaded
             return loaded
         return cached
 
@@ -137,6 +146,9 @@ class ReplayCache:
         if path is not None and not self._unwritable:
             try:
                 _store(path, checkpoint)
+                stamp = _stamp(path)
+                if stamp is not None:
+                    self._seen[key] = stamp
             except OSError as exc:
                 # The cache only saves time: without it every replay starts at offset 0.
                 self._unwritable = True
@@ -146,6 +158,7 @@ class ReplayCache:
     def forget(self, cluster_id: str, topic: str, role: str) -> None:
         """Drop ``role``'s checkpoint (memory and file)."""
         self._memory.pop((cluster_id, topic, role), None)
+        self._seen.pop((cluster_id, topic, role), None)
         path = self.path(cluster_id, topic, role)
         if path is not None:
             try:
@@ -158,6 +171,14 @@ def default_directory() -> Path:
     """``$XDG_CACHE_HOME/neli-orchestrate/ledger`` (``~/.cache/...`` without it)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "neli-orchestrate" / "ledger"
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_mtime_ns, status.st_size
 
 
 def _store(path: Path, checkpoint: Checkpoint) -> None:

@@ -156,3 +156,27 @@ def test_an_unwritable_directory_leaves_the_cache_in_memory(
         cache.put(cp)
     assert "cannot write" in caplog.text
     assert cache.get("cluster", "ledger", ROLE) == cp
+
+
+def test_an_unchanged_file_is_not_parsed_again_but_another_process_s_newer_one_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from neli_orchestrate.ledger import cache as cache_module
+
+    loads: list[Path] = []
+    real_load = cache_module._load
+
+    def counting_load(path: Path, *args: str) -> Checkpoint | None:
+        loads.append(path)
+        return real_load(path, *args)
+
+    monkeypatch.setattr(cache_module, "_load", counting_load)
+    mine, other = ReplayCache(tmp_path), ReplayCache(tmp_path)
+    mine.put(checkpoint(fold([("a", record("a", RunState.CLAIMED, 0))]), 1))
+    assert mine.get("cluster", "ledger", ROLE) is not None
+    assert mine.get("cluster", "ledger", ROLE) is not None
+    assert loads == []                      # its own file, unchanged since it wrote it
+    other.put(checkpoint(fold([("a", record("a", RunState.CLAIMED, 0)),
+                               ("a", record("a", RunState.COMPLETED, 0))]), 2))
+    best = mine.get("cluster", "ledger", ROLE)
+    assert len(loads) == 1 and best is not None and best.offset == 2
