@@ -111,6 +111,8 @@ def ui(warm_broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[U
                           env=checkout_settings(root))
     with AirflowRegions.start(root, [HERE / "dags" / "neli_ui_test.py"], [config]) as regions:
         yield UI(regions["us-east-1"], warm_broker, namespace)
+        # nothing to shut down gracefully in a throwaway deployment: 5 s, then SIGKILL
+        regions["us-east-1"].stop(timeout=5)
 
 
 @pytest.fixture(scope="module")
