@@ -99,24 +99,7 @@ class UI:
             namespace=self.namespace, deployment=deployment, acquire_timeout=60))
 
 
-@pytest.fixture(scope="module")
-def ui(warm_broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UI]:
-    root = tmp_path_factory.mktemp("ui")
-    namespace = f"ui{uuid.uuid4().hex[:8]}"
-    connection = neli_connection(warm_broker, "us-east-1", namespace=namespace,
-                                 session_timeout=12, heartbeat_timeout=4, acquire_timeout=30,
-                                 handoff_timeout=120)
-    config = RegionConfig("us-east-1", connections={"neli_default": connection},
-                          connection_source="environment", triggerer=False, secured=True,
-                          env=checkout_settings(root))
-    with AirflowRegions.start(root, [HERE / "dags" / "neli_ui_test.py"], [config]) as regions:
-        yield UI(regions["us-east-1"], warm_broker, namespace)
-        # nothing to shut down gracefully in a throwaway deployment: 5 s, then SIGKILL
-        regions["us-east-1"].stop(timeout=5)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def start_browser() -> Any:
     """Headless Debian chromium through /usr/bin/chromedriver (fails, never skips, without)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -130,10 +113,55 @@ def browser() -> Iterator[Any]:
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(120)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def started(warm_broker: str, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[tuple[UI, Any]]:
+    """The deployment and the browser, started side by side (both take seconds)."""
+    root = tmp_path_factory.mktemp("ui")
+    namespace = f"ui{uuid.uuid4().hex[:8]}"
+    connection = neli_connection(warm_broker, "us-east-1", namespace=namespace,
+                                 session_timeout=12, heartbeat_timeout=4, acquire_timeout=30,
+                                 handoff_timeout=120)
+    config = RegionConfig("us-east-1", connections={"neli_default": connection},
+                          connection_source="environment", triggerer=False, secured=True,
+                          env=checkout_settings(root))
+    browsers: list[Any] = []
+    failures: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            browsers.append(start_browser())
+        except BaseException as exc:  # noqa: BLE001 - raised in the fixture below
+            failures.append(exc)
+
+    thread = threading.Thread(target=launch)
+    thread.start()
     try:
-        yield driver
+        with AirflowRegions.start(root, [HERE / "dags" / "neli_ui_test.py"],
+                                  [config]) as regions:
+            thread.join()
+            if failures:
+                raise failures[0]
+            yield UI(regions["us-east-1"], warm_broker, namespace), browsers[0]
+            # nothing to shut down gracefully in a throwaway deployment: 5 s, then SIGKILL
+            regions["us-east-1"].stop(timeout=5)
     finally:
-        driver.quit()
+        thread.join()
+        for driver in browsers:
+            driver.quit()
+
+
+@pytest.fixture
+def ui(started: tuple[UI, Any]) -> UI:
+    return started[0]
+
+
+@pytest.fixture
+def browser(started: tuple[UI, Any]) -> Any:
+    return started[1]
 
 
 def login(browser: Any, ui: UI) -> None:
