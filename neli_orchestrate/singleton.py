@@ -19,6 +19,9 @@ The split form serves orchestrators whose gate and work run in different process
 :meth:`Singleton.reserve` writes ``CLAIMED`` with a handoff deadline and releases leadership;
 :meth:`Singleton.execute` re-acquires it, checks that the claim is still ours, and runs.
 
+Pass ``metrics=`` (a :data:`~neli_orchestrate.metrics.MetricsHook`) to count claims, skips,
+takeovers, fences and leadership changes and to time leadership acquisition.
+
 .. note:: Exactly-once holds for the ledger and for token-checked sinks. A job that writes
    elsewhere must be idempotent for the narrow windows described in ``docs/guarantees.md``
    (e.g. a fence that arrives after the external write but before ``COMPLETED`` is recorded).
@@ -68,6 +71,7 @@ from neli_orchestrate.ledger import (
     RunState,
     expire,
 )
+from neli_orchestrate.metrics import Metric, MetricEvent, MetricsHook, emit
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +299,7 @@ class _Leadership:
         self.role = role
         self._config = singleton.config
         self._clock = singleton._clock
+        self._metric = singleton._metric
         self._lock = threading.Lock()
         self._run: Run | None = None
         self._lost: str | None = None
@@ -314,10 +319,13 @@ class _Leadership:
 
     def acquire(self, timeout: float) -> bool:
         """Poll until this member leads the role or ``timeout`` passes; then start the watchdog."""
-        deadline = self._clock() + timeout
+        started = self._clock()
+        deadline = started + timeout
         while not self.neli.pulse(timeout=self._config.poll_interval):
             if self._clock() >= deadline:
                 return False
+        self._metric(Metric.LEADER_ACQUIRED, self.role)
+        self._metric(Metric.TIME_TO_LEAD, self.role, value=self._clock() - started)
         self._thread = threading.Thread(target=self._watchdog, name=f"neli-watchdog-{self.role}",
                                         daemon=True)
         self._thread.start()
@@ -347,6 +355,7 @@ class _Leadership:
             self._lost = reason
             run = self._run
         log.warning("member %s lost leadership of role %r: %s", self.member, self.role, reason)
+        self._metric(Metric.LEADER_LOST, self.role)
         if run is not None:
             run._fence(reason)
 
@@ -411,8 +420,10 @@ class Singleton:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         membership: Callable[[str], int] | None = None,
+        metrics: MetricsHook | None = None,
     ) -> None:
         self.config = config
+        self._metrics = metrics
         self._ledger = ledger
         self._ledger_lock = threading.Lock()
         self._neli_factory: NeliFactory = neli_factory or Neli
@@ -643,6 +654,8 @@ class Singleton:
                 raise FencedError(f"lost leadership of role {role!r} before running {run_key!r}:"
                                   f" {lead.lost}", role=role, token=token)
             writer.write(record)
+            if record.token != token:  # a new claim (decided again), not the gate's
+                self._count(role, run_key, decision_outcome)
             run = Run(role=role, run_key=run_key, deployment=self.config.deployment,
                       outcome=decision_outcome, reason=reason, token=record.token,
                       record=latest)
@@ -669,6 +682,8 @@ class Singleton:
         latest = replay.latest(run_key)
         decision = decide(latest, me, now=now, policy=self.config.policy)
         self._log_decision(role, run_key, decision)
+        if not decision.claims:
+            self._count(role, run_key, decision.outcome)
         if decision.claims:
             record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
                                   policy=self.config.policy, state=RunState.RUNNING)
@@ -770,6 +785,8 @@ class Singleton:
             now = self._wall()
             decision = decide(replay.latest(run_key), me, now=now, policy=self.config.policy)
             self._log_decision(role, run_key, decision)
+            if not decision.claims:
+                self._count(role, run_key, decision.outcome)
             if not decision.writes:
                 return self._run_for(role, run_key, decision, token=None), None, writer
             record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
@@ -781,6 +798,8 @@ class Singleton:
                           f" {lead.lost}", token=None, record=decision.latest)
                 return run, None, writer
             writer.write(record)
+            if decision.claims:
+                self._count(role, run_key, decision.outcome)
         except BaseException:
             writer.close()
             raise
@@ -803,6 +822,7 @@ class Singleton:
         reaches it), leadership is checked again, so a fence that landed between the claim
         check and here (e.g. during a slow ``RUNNING`` write) fails the try before the work.
         """
+        run.on_fence(lambda reason: self._metric(Metric.FENCE, run.role, run.run_key))
         lead.attach(run)
         try:
             lead.verify()
@@ -854,6 +874,7 @@ class Singleton:
             outcome, reason, until = Outcome.WAIT, f"{busy}; latest record: {_describe(latest)}", \
                 None
         log.info("role %r run %r: %s: %s", role, run_key, outcome, reason)
+        self._count(role, run_key, outcome)
         return Run(role=role, run_key=run_key, deployment=self.config.deployment,
                    outcome=outcome, reason=reason, token=None, record=latest, wait_until=until)
 
@@ -866,6 +887,7 @@ class Singleton:
             reason = (f"another member leads role {role!r} (not acquired within"
                       f" {self.config.acquire_timeout} s); latest record: {_describe(latest)}")
         log.info("role %r run %r: %s: %s", role, run_key, outcome, reason)
+        self._count(role, run_key, outcome)
         return Run(role=role, run_key=run_key, deployment=self.config.deployment,
                    outcome=outcome, reason=reason, token=None, record=latest)
 
@@ -879,9 +901,30 @@ class Singleton:
                            reason=run.reason, token=run.token, record=run.record,
                            deployment=self.config.deployment, wait_until=run.wait_until)
 
+    def _metric(self, name: Metric, role: str, run_key: str | None = None, *,
+                outcome: Outcome | None = None, value: float = 1.0) -> None:
+        emit(self._metrics, MetricEvent(name=name, role=role, deployment=self.config.deployment,
+                                        run_key=run_key, outcome=outcome, value=value))
+
+    def _count(self, role: str, run_key: str, outcome: Outcome) -> None:
+        """The metrics of one decision (a claim written, a skip, a wait, a give-up)."""
+        self._metric(_OUTCOME_METRIC[outcome], role, run_key, outcome=outcome)
+        if outcome is Outcome.TAKE_OVER:
+            self._metric(Metric.TAKEOVER, role, run_key, outcome=outcome)
+
     @staticmethod
     def _log_decision(role: str, run_key: str, decision: Decision) -> None:
         log.info("role %r run %r: %s: %s", role, run_key, decision.outcome, decision.reason)
+
+
+_OUTCOME_METRIC = {
+    Outcome.RUN: Metric.CLAIM,
+    Outcome.RETRY: Metric.CLAIM,
+    Outcome.TAKE_OVER: Metric.CLAIM,
+    Outcome.SKIP_DONE: Metric.SKIP,
+    Outcome.WAIT: Metric.WAIT,
+    Outcome.GIVE_UP: Metric.GIVE_UP,
+}
 
 
 def _describe(record: LedgerRecord | None) -> str:
