@@ -26,6 +26,8 @@ class SeedResult:
     message: str
     stats: Stats
     trace: list[TraceEntry]
+    #: The mutation the seed ran under (its replay command needs it too).
+    mutation: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -39,7 +41,9 @@ class SeedResult:
             lines.append(self.message)
         lines.append(format_trace(self.trace))
         if not self.ok:
-            lines.append(f"replay: python -m neli_orchestrate.sim --seed {self.seed} --trace")
+            mutation = "" if self.mutation is None else f" --mutation {self.mutation}"
+            lines.append(
+                f"replay: python -m neli_orchestrate.sim --seed {self.seed} --trace{mutation}")
         return "\n".join(lines)
 
 
@@ -62,14 +66,16 @@ def run_seed(
     sim = Simulation(seed, config, decide_fn=decide_fn, check_claim_fn=check_claim_fn)
     try:
         stats = sim.run()
-        return SeedResult(seed, None, "", stats, sim.kernel.trace)
+        return SeedResult(seed, None, "", stats, sim.kernel.trace, config.mutation)
     except Violation as violation:
         sim.stats.events = sim.kernel.events
         sim.stats.end_time = sim.kernel.now
-        return SeedResult(seed, violation.invariant, violation.message, sim.stats, sim.kernel.trace)
+        return SeedResult(seed, violation.invariant, violation.message, sim.stats,
+                          sim.kernel.trace, config.mutation)
     except Exception:  # noqa: BLE001 - a crash of the model is a failure of the seed too
         sim.kernel.log("checker", "MODEL ERROR", traceback.format_exc())
-        return SeedResult(seed, "ERROR", traceback.format_exc(), sim.stats, sim.kernel.trace)
+        return SeedResult(seed, "ERROR", traceback.format_exc(), sim.stats, sim.kernel.trace,
+                          config.mutation)
 
 
 #: Counters of :class:`Stats` that a :class:`Summary` sums over seeds.

@@ -91,4 +91,4 @@ def test_a_failing_seed_reports_the_seed_the_invariant_and_the_trace() -> None:
     report = result.report()
     assert report.startswith("seed 1: S3 violated")
     assert "VIOLATION S3" in report
-    assert "python -m neli_orchestrate.sim --seed 1 --trace" in report
+    assert "python -m neli_orchestrate.sim --seed 1 --trace --mutation ignore_completed" in report
