@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -537,11 +538,10 @@ class Singleton:
         raises :class:`FencedError` (nothing is recorded: the next leader takes over).
         Follows the busy-group rule of :meth:`reserve`.
         """
-        busy = self._busy(role, run_key)
+        busy = self._busy_while_preparing(role, run_key)
         if busy is not None:
             yield busy
             return
-        self._warm(role)
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -579,10 +579,9 @@ class Singleton:
         running leader, and under classic groups may fence it. It reads the ledger instead:
         ``SKIP_DONE`` (or ``GIVE_UP``) when the run key is finished, else ``WAIT``.
         """
-        busy = self._busy(role, run_key)
+        busy = self._busy_while_preparing(role, run_key)
         if busy is not None:
             return self._reservation(busy)
-        self._warm(role)
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -805,6 +804,27 @@ class Singleton:
             raise
         token = record.token if decision.claims else None
         return self._run_for(role, run_key, decision, token=token), record, writer
+
+    def _busy_while_preparing(self, role: str, run_key: str) -> Run | None:
+        """:meth:`_busy`, while the ledger prepares (:meth:`_warm`) on a helper thread: their
+        round trips are independent, and a new process pays both (two Kafka clients)."""
+        prepared: Future[None] = Future()
+
+        def prepare() -> None:
+            try:
+                self._warm(role)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+                prepared.set_exception(exc)
+            else:
+                prepared.set_result(None)
+
+        threading.Thread(target=prepare, name=f"neli-prepare-{role}", daemon=True).start()
+        try:
+            busy = self._busy(role, run_key)
+        finally:
+            prepared.exception()  # wait: nothing joins the group before the ledger is ready
+        prepared.result()
+        return busy
 
     def _warm(self, role: str) -> None:
         """Before joining: a first replay from offset 0 runs here, not against the lease, and
