@@ -19,6 +19,9 @@ The split form serves orchestrators whose gate and work run in different process
 :meth:`Singleton.reserve` writes ``CLAIMED`` with a handoff deadline and releases leadership;
 :meth:`Singleton.execute` re-acquires it, checks that the claim is still ours, and runs.
 
+Pass ``metrics=`` (a :data:`~neli_orchestrate.metrics.MetricsHook`) to count claims, skips,
+takeovers, fences and leadership changes and to time leadership acquisition.
+
 .. note:: Exactly-once holds for the ledger and for token-checked sinks. A job that writes
    elsewhere must be idempotent for the narrow windows described in ``docs/guarantees.md``
    (e.g. a fence that arrives after the external write but before ``COMPLETED`` is recorded).
@@ -32,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -68,6 +72,7 @@ from neli_orchestrate.ledger import (
     RunState,
     expire,
 )
+from neli_orchestrate.metrics import Metric, MetricEvent, MetricsHook, emit
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +112,13 @@ class SingletonConfig:
     max_attempts: int | None = None
     max_clock_error: float = 1.0
     ledger_partitions: int = 1
+    #: Continue ledger replays from a checkpoint (in memory and a file per role on this host)
+    #: when safe, instead of reading the role's partition from offset 0 on every claim
+    #: (``KafkaLedgerConfig.replay_cache``; docs/ledger.md, "Replay cache").
+    ledger_replay_cache: bool = True
+    #: Directory of the replay cache files (None: ``$XDG_CACHE_HOME/neli-orchestrate/ledger``;
+    #: an empty string: memory only).
+    ledger_replay_cache_dir: str | None = None
     #: Poll interval of the watchdog and of leadership acquisition, seconds.
     poll_interval: float = 0.05
     policy: DecisionPolicy = field(init=False, repr=False)
@@ -148,6 +160,8 @@ class SingletonConfig:
             partitions=self.ledger_partitions,
             transactional_id_prefix=self.names.transactional_id_prefix,
             kafka_config=_client_settings(self.neli.kafka_config),
+            replay_cache=self.ledger_replay_cache,
+            replay_cache_dir=self.ledger_replay_cache_dir,
         )
 
 
@@ -286,6 +300,7 @@ class _Leadership:
         self.role = role
         self._config = singleton.config
         self._clock = singleton._clock
+        self._metric = singleton._metric
         self._lock = threading.Lock()
         self._run: Run | None = None
         self._lost: str | None = None
@@ -305,10 +320,13 @@ class _Leadership:
 
     def acquire(self, timeout: float) -> bool:
         """Poll until this member leads the role or ``timeout`` passes; then start the watchdog."""
-        deadline = self._clock() + timeout
+        started = self._clock()
+        deadline = started + timeout
         while not self.neli.pulse(timeout=self._config.poll_interval):
             if self._clock() >= deadline:
                 return False
+        self._metric(Metric.LEADER_ACQUIRED, self.role)
+        self._metric(Metric.TIME_TO_LEAD, self.role, value=self._clock() - started)
         self._thread = threading.Thread(target=self._watchdog, name=f"neli-watchdog-{self.role}",
                                         daemon=True)
         self._thread.start()
@@ -338,6 +356,7 @@ class _Leadership:
             self._lost = reason
             run = self._run
         log.warning("member %s lost leadership of role %r: %s", self.member, self.role, reason)
+        self._metric(Metric.LEADER_LOST, self.role)
         if run is not None:
             run._fence(reason)
 
@@ -402,8 +421,10 @@ class Singleton:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         membership: Callable[[str], int] | None = None,
+        metrics: MetricsHook | None = None,
     ) -> None:
         self.config = config
+        self._metrics = metrics
         self._ledger = ledger
         self._ledger_lock = threading.Lock()
         self._neli_factory: NeliFactory = neli_factory or Neli
@@ -517,7 +538,7 @@ class Singleton:
         raises :class:`FencedError` (nothing is recorded: the next leader takes over).
         Follows the busy-group rule of :meth:`reserve`.
         """
-        busy = self._busy(role, run_key)
+        busy = self._busy_while_preparing(role, run_key)
         if busy is not None:
             yield busy
             return
@@ -558,7 +579,7 @@ class Singleton:
         running leader, and under classic groups may fence it. It reads the ledger instead:
         ``SKIP_DONE`` (or ``GIVE_UP``) when the run key is finished, else ``WAIT``.
         """
-        busy = self._busy(role, run_key)
+        busy = self._busy_while_preparing(role, run_key)
         if busy is not None:
             return self._reservation(busy)
         lead = _Leadership(self, role)
@@ -598,6 +619,7 @@ class Singleton:
         run key terminally failed (``max_attempts``), or if ``token`` is not a claim this
         ledger issued for the run key.
         """
+        self._warm(role)
         lead = _Leadership(self, role)
         writer: LedgerWriter | None = None
         try:
@@ -631,6 +653,8 @@ class Singleton:
                 raise FencedError(f"lost leadership of role {role!r} before running {run_key!r}:"
                                   f" {lead.lost}", role=role, token=token)
             writer.write(record)
+            if record.token != token:  # a new claim (decided again), not the gate's
+                self._count(role, run_key, decision_outcome)
             run = Run(role=role, run_key=run_key, deployment=self.config.deployment,
                       outcome=decision_outcome, reason=reason, token=record.token,
                       record=latest)
@@ -657,6 +681,8 @@ class Singleton:
         latest = replay.latest(run_key)
         decision = decide(latest, me, now=now, policy=self.config.policy)
         self._log_decision(role, run_key, decision)
+        if not decision.claims:
+            self._count(role, run_key, decision.outcome)
         if decision.claims:
             record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
                                   policy=self.config.policy, state=RunState.RUNNING)
@@ -758,6 +784,8 @@ class Singleton:
             now = self._wall()
             decision = decide(replay.latest(run_key), me, now=now, policy=self.config.policy)
             self._log_decision(role, run_key, decision)
+            if not decision.claims:
+                self._count(role, run_key, decision.outcome)
             if not decision.writes:
                 return self._run_for(role, run_key, decision, token=None), None, writer
             record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
@@ -769,11 +797,41 @@ class Singleton:
                           f" {lead.lost}", token=None, record=decision.latest)
                 return run, None, writer
             writer.write(record)
+            if decision.claims:
+                self._count(role, run_key, decision.outcome)
         except BaseException:
             writer.close()
             raise
         token = record.token if decision.claims else None
         return self._run_for(role, run_key, decision, token=token), record, writer
+
+    def _busy_while_preparing(self, role: str, run_key: str) -> Run | None:
+        """:meth:`_busy`, while the ledger prepares (:meth:`_warm`) on a helper thread: their
+        round trips are independent, and a new process pays both (two Kafka clients)."""
+        prepared: Future[None] = Future()
+
+        def prepare() -> None:
+            try:
+                self._warm(role)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+                prepared.set_exception(exc)
+            else:
+                prepared.set_result(None)
+
+        threading.Thread(target=prepare, name=f"neli-prepare-{role}", daemon=True).start()
+        try:
+            busy = self._busy(role, run_key)
+        finally:
+            prepared.exception()  # wait: nothing joins the group before the ledger is ready
+        prepared.result()
+        return busy
+
+    def _warm(self, role: str) -> None:
+        """Before joining: a first replay from offset 0 runs here, not against the lease, and
+        the ledger producer connects (``KafkaLedger.prepare``)."""
+        ledger = self.ledger
+        if isinstance(ledger, KafkaLedger):
+            ledger.prepare(role)
 
     @contextlib.contextmanager
     def _hold(self, lead: _Leadership, writer: LedgerWriter, run: Run,
@@ -784,6 +842,7 @@ class Singleton:
         reaches it), leadership is checked again, so a fence that landed between the claim
         check and here (e.g. during a slow ``RUNNING`` write) fails the try before the work.
         """
+        run.on_fence(lambda reason: self._metric(Metric.FENCE, run.role, run.run_key))
         lead.attach(run)
         try:
             lead.verify()
@@ -835,6 +894,7 @@ class Singleton:
             outcome, reason, until = Outcome.WAIT, f"{busy}; latest record: {_describe(latest)}", \
                 None
         log.info("role %r run %r: %s: %s", role, run_key, outcome, reason)
+        self._count(role, run_key, outcome)
         return Run(role=role, run_key=run_key, deployment=self.config.deployment,
                    outcome=outcome, reason=reason, token=None, record=latest, wait_until=until)
 
@@ -847,6 +907,7 @@ class Singleton:
             reason = (f"another member leads role {role!r} (not acquired within"
                       f" {self.config.acquire_timeout} s); latest record: {_describe(latest)}")
         log.info("role %r run %r: %s: %s", role, run_key, outcome, reason)
+        self._count(role, run_key, outcome)
         return Run(role=role, run_key=run_key, deployment=self.config.deployment,
                    outcome=outcome, reason=reason, token=None, record=latest)
 
@@ -860,9 +921,30 @@ class Singleton:
                            reason=run.reason, token=run.token, record=run.record,
                            deployment=self.config.deployment, wait_until=run.wait_until)
 
+    def _metric(self, name: Metric, role: str, run_key: str | None = None, *,
+                outcome: Outcome | None = None, value: float = 1.0) -> None:
+        emit(self._metrics, MetricEvent(name=name, role=role, deployment=self.config.deployment,
+                                        run_key=run_key, outcome=outcome, value=value))
+
+    def _count(self, role: str, run_key: str, outcome: Outcome) -> None:
+        """The metrics of one decision (a claim written, a skip, a wait, a give-up)."""
+        self._metric(_OUTCOME_METRIC[outcome], role, run_key, outcome=outcome)
+        if outcome is Outcome.TAKE_OVER:
+            self._metric(Metric.TAKEOVER, role, run_key, outcome=outcome)
+
     @staticmethod
     def _log_decision(role: str, run_key: str, decision: Decision) -> None:
         log.info("role %r run %r: %s: %s", role, run_key, decision.outcome, decision.reason)
+
+
+_OUTCOME_METRIC = {
+    Outcome.RUN: Metric.CLAIM,
+    Outcome.RETRY: Metric.CLAIM,
+    Outcome.TAKE_OVER: Metric.CLAIM,
+    Outcome.SKIP_DONE: Metric.SKIP,
+    Outcome.WAIT: Metric.WAIT,
+    Outcome.GIVE_UP: Metric.GIVE_UP,
+}
 
 
 def _describe(record: LedgerRecord | None) -> str:

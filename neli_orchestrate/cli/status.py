@@ -10,21 +10,41 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from neli_orchestrate.cli._context import Target, connection_options, role_of_group
-from neli_orchestrate.cli._output import emit, fail, json_option, progress, table
+from neli_orchestrate.cli._output import emit, fail, json_option, progress, table, when
 from neli_orchestrate.core.config import PROFILES, NeliConfig
 from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.roles import partition_for
 from neli_orchestrate.errors import KafkaUnavailableError
 
-__all__ = ["MemberStatus", "RoleStatus", "collect_status", "status"]
+if TYPE_CHECKING:
+    from neli_orchestrate.ledger.history import LedgerHistory
+
+__all__ = ["LeaderSpell", "MemberStatus", "RoleStatus", "collect_status", "status"]
 
 #: How many records of the leader topic's tail are read per partition to find heartbeats.
 TAIL_RECORDS = 5000
+#: How many spells of leadership (newest last) a role's timeline keeps.
+TIMELINE_SPELLS = 20
+
+
+@dataclass
+class LeaderSpell:
+    """One stretch of leadership seen in the leader topic: a member's run of heartbeats.
+
+    ``start`` and ``end`` are the wall times (broker timestamps) of its first and last
+    heartbeat read; a gap longer than the heartbeat lease starts a new spell.
+    """
+
+    member: str
+    deployment: str | None
+    start: float
+    end: float
+    heartbeats: int
 
 
 @dataclass
@@ -49,6 +69,8 @@ class RoleStatus:
     leader_member: str | None = None
     leader_deployment: str | None = None
     leader_heartbeat_age: float | None = None
+    #: Wall time of the first heartbeat of the leader's current spell (None: no leader).
+    leader_since: float | None = None
     session_timeout_ms: int | None = None
     heartbeat_interval_ms: int | None = None
     session_source: str = ""
@@ -56,6 +78,9 @@ class RoleStatus:
     end_offset: int | None = None
     lag: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: Who led the role, oldest first, from the heartbeats in the leader topic's tail of the
+    #: members known to belong to the role (its group's members and its ledger records).
+    timeline: list[LeaderSpell] = field(default_factory=list)
 
 
 def _ck() -> Any:
@@ -84,11 +109,11 @@ def _role_groups(admin: Any, target: Target) -> dict[str, str]:
 
 
 def _heartbeats(target: Target, topic: str, partitions: Sequence[int],
-                ends: dict[int, int]) -> dict[str, tuple[float, int]]:
-    """{NELI member id: (wall time of its newest heartbeat, partition)} from the topic's tail."""
+                ends: dict[int, int]) -> list[tuple[float, str, int]]:
+    """Every heartbeat in the topic's tail: (wall time, NELI member id, partition), by time."""
     ck = _ck()
     todo = {p: ends[p] for p in partitions if ends.get(p, 0) > 0}
-    seen: dict[str, tuple[float, int]] = {}
+    seen: list[tuple[float, str, int]] = []
     if not todo:
         return seen
     consumer = ck.Consumer(target.client_config(**{
@@ -114,21 +139,49 @@ def _heartbeats(target: Target, topic: str, partitions: Sequence[int],
                     continue
                 _, ts = message.timestamp()
                 wall = ts / 1000 if ts and ts > 0 else beat.sent_wall
-                if beat.member not in seen or seen[beat.member][0] < wall:
-                    seen[beat.member] = (wall, message.partition())
+                seen.append((wall, beat.member, message.partition()))
     finally:
         consumer.close()
+    seen.sort()
     return seen
 
 
-def _ledger_members(target: Target, roles: Sequence[str]) -> dict[tuple[str, str], str]:
+def _newest(beats: Sequence[tuple[float, str, int]]) -> dict[str, tuple[float, int]]:
+    """{NELI member id: (wall time of its newest heartbeat, partition)}."""
+    newest: dict[str, tuple[float, int]] = {}
+    for wall, member, partition in beats:
+        newest[member] = (wall, partition)  # beats are in time order
+    return newest
+
+
+def _timeline(beats: Sequence[tuple[float, str, int]], partition: int, members: set[str],
+              deployments: dict[str, str], lease: float) -> list[LeaderSpell]:
+    """Spells of leadership on ``partition`` by ``members``: a new one on a change of member or
+    after a gap longer than the lease (the member lost it, or fenced itself, and came back)."""
+    spells: list[LeaderSpell] = []
+    for wall, member, p in beats:
+        if p != partition or member not in members:
+            continue
+        last = spells[-1] if spells else None
+        if last is not None and last.member == member and wall - last.end <= lease:
+            last.end = wall
+            last.heartbeats += 1
+        else:
+            spells.append(LeaderSpell(member=member, deployment=deployments.get(member),
+                                      start=wall, end=wall, heartbeats=1))
+    return spells[-TIMELINE_SPELLS:]
+
+
+def _ledger_members(target: Target, roles: Sequence[str],
+                    history: LedgerHistory | None = None) -> dict[tuple[str, str], str]:
     """{(role, NELI member id): deployment} from the ledger; empty if it cannot be read."""
     from neli_orchestrate.ledger.history import read_history
 
-    try:
-        history = read_history(target.ledger_config(), roles=roles)
-    except KafkaUnavailableError:
-        return {}
+    if history is None:
+        try:
+            history = read_history(target.ledger_config(), roles=roles)
+        except KafkaUnavailableError:
+            return {}
     return {(e.role, e.record.member): e.record.deployment for e in history.entries
             if e.record is not None and e.role is not None}
 
@@ -149,8 +202,13 @@ def _group_session(admin: Any, target: Target, group: str,
 
 
 def collect_status(target: Target, roles: Sequence[str], *, profile: str = "default",
-                   now: float | None = None) -> list[RoleStatus]:
-    """The status of ``roles`` (all roles with a consumer group if empty)."""
+                   now: float | None = None,
+                   history: LedgerHistory | None = None) -> list[RoleStatus]:
+    """The status of ``roles`` (all roles with a consumer group if empty).
+
+    ``history``: the ledger as already read by the caller (it names each member's deployment);
+    read here if not given.
+    """
     from neli_orchestrate.cli.doctor import broker_config
 
     ck = _ck()
@@ -179,8 +237,9 @@ def collect_status(target: Target, roles: Sequence[str], *, profile: str = "defa
                                      request_timeout=target.timeout)
         ends = {tp.partition: int(f.result(timeout=target.timeout + 5).offset)
                 for tp, f in offsets.items()}
-    beats = _heartbeats(target, names.leader_topic, list(range(count)), ends)
-    deployments = _ledger_members(target, list(groups))
+    all_beats = _heartbeats(target, names.leader_topic, list(range(count)), ends)
+    beats = _newest(all_beats)
+    deployments = _ledger_members(target, list(groups), history)
     broker = broker_config(admin, target.timeout) or {}
     wall = time.time() if now is None else now
 
@@ -213,6 +272,13 @@ def collect_status(target: Target, roles: Sequence[str], *, profile: str = "defa
                 st.leader_member = member.neli_member
                 st.leader_heartbeat_age = member.heartbeat_age
                 st.leader_deployment = deployments.get((role, member.neli_member or ""))
+        if partition is not None:
+            by_member = {m: d for (r, m), d in deployments.items() if r == role}
+            known = set(by_member) | {m.neli_member for m in st.members if m.neli_member}
+            st.timeline = _timeline(all_beats, partition, known, by_member, lease)
+            if st.leader_member is not None:
+                spells = [sp for sp in st.timeline if sp.member == st.leader_member]
+                st.leader_since = spells[-1].start if spells else None
         holders = [m for m in st.members if partition in m.partitions]
         if holders and st.leader_member is None:
             st.notes.append(f"partition {partition} is assigned but no fresh heartbeat "
@@ -271,10 +337,10 @@ def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) 
         return 0
     table(f"namespace {target.namespace}: {len(found)} role(s)",
           ["role", "group", "state", "protocol", "members", "leader", "deployment",
-           "heartbeat", "session", "lag"],
+           "since", "heartbeat", "session", "lag"],
           [(s.role, s.group, s.state, s.protocol, len(s.members), s.leader_member or "-",
             s.leader_deployment or ("-" if s.leader_member is None else "unknown"),
-            _age(s.leader_heartbeat_age),
+            when(s.leader_since), _age(s.leader_heartbeat_age),
             (f"{s.session_timeout_ms} ms ({s.session_source})" if s.session_timeout_ms
              else s.session_source), "" if s.lag is None else s.lag)
            for s in found])

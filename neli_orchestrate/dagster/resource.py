@@ -36,9 +36,23 @@ from neli_orchestrate.dagster.run import NeliRun, default_role, default_run_key
 from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import FencedError, StaleTokenError
 from neli_orchestrate.ledger import LedgerRecord
+from neli_orchestrate.metrics import MetricEvent
 from neli_orchestrate.singleton import Reservation, Singleton, SingletonConfig
 
 logger = logging.getLogger(__name__)
+
+
+def to_dagster_log(event: MetricEvent) -> None:
+    """Singleton metrics inside Dagster: one line each in the step's event log.
+
+    Dagster has no metrics API of its own; its event log is where a Dagster operator looks
+    (and what log shippers collect). The step's outcome and ``time_to_lead`` are also output
+    metadata (:attr:`NeliRun.metadata`), so the asset catalog can plot them.
+    """
+    value = f" {event.value:.3f}s" if event.is_timing else ""
+    tags = " ".join(f"{key}={value}" for key, value in event.tags.items())
+    where = "" if event.run_key is None else f" run_key={event.run_key}"
+    dg.get_dagster_logger("neli").info(f"neli metric {event.name.value}{value} {tags}{where}")
 
 
 def _describe(record: LedgerRecord | None) -> str:
@@ -207,7 +221,8 @@ class NeliResource(dg.ConfigurableResource):
         """Return this process's :class:`Singleton` (created on first use; no Kafka yet)."""
         # Kafka clients do not survive fork(); a forked copy of the resource starts afresh.
         if self._singleton is None or self._owner_pid != os.getpid():
-            self._singleton = Singleton(self.singleton_config())
+            # Claims, skips, takeovers, fences and time-to-lead go to the run's event log.
+            self._singleton = Singleton(self.singleton_config(), metrics=to_dagster_log)
             self._owner_pid = os.getpid()
         return self._singleton
 

@@ -209,6 +209,11 @@ class RegionConfig:
     #: exist), its api-server reached from outside at ``address``
     netns: str | None = None
     address: str = "127.0.0.1"
+    #: False: every request is an admin (``simple_auth_manager_all_admins``, no login). True:
+    #: the simple auth manager with one user, ``admin`` (role admin, password
+    #: ``AirflowRegion.admin_password``); anonymous requests are refused, and the harness's
+    #: own REST calls log in (``POST /auth/token``).
+    secured: bool = False
 
     def __post_init__(self) -> None:
         if self.connection_source not in ("database", "environment"):
@@ -233,6 +238,8 @@ class AirflowRegion:
         self._jwt_secret = secrets.token_hex(32)  # 64 bytes: the HS512 minimum
         self.fernet_key = new_fernet_key()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.admin_password = secrets.token_urlsafe(16)
+        self._token: str | None = None
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -249,6 +256,11 @@ class AirflowRegion:
     def logs_folder(self) -> Path:
         return self.home / "logs"
 
+    @property
+    def passwords_file(self) -> Path:
+        """The simple auth manager's passwords (``secured`` regions)."""
+        return self.home / "passwords.json"
+
     def environ(self) -> dict[str, str]:
         """The complete environment of this region's processes (also for `airflow` CLI calls)."""
         env = _base_env()
@@ -261,7 +273,7 @@ class AirflowRegion:
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                 "AIRFLOW__CORE__PARALLELISM": str(self.config.parallelism),
                 "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": str(not self.config.secured),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.database}",
                 "AIRFLOW__API__HOST": "0.0.0.0" if self.config.netns else "127.0.0.1",
                 "AIRFLOW__API__PORT": str(self.api_port),
@@ -282,6 +294,9 @@ class AirflowRegion:
                 "AIRFLOW__NELI__DEPLOYMENT": self.name,
             }
         )
+        if self.config.secured:
+            env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = "admin:admin"
+            env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(self.passwords_file)
         if self.config.connection_source == "environment":
             for conn_id, connection in self.config.connections.items():
                 key, value = connection_env(conn_id, connection)
@@ -297,6 +312,8 @@ class AirflowRegion:
         """Create the home and its database: a copy of ``seed`` (migrated, DAGs serialized), or
         of the migrated template followed by ``airflow dags reserialize``."""
         self.home.mkdir(parents=True, exist_ok=True)
+        if self.config.secured:
+            self.passwords_file.write_text(json.dumps({"admin": self.admin_password}))
         shutil.copyfile(seed or template_database(), self.database)
         if seed is not None:
             return
@@ -476,15 +493,28 @@ class AirflowRegion:
 
     # -- REST API ------------------------------------------------------------------------------
 
+    def token(self) -> str:
+        """A JWT of the ``admin`` user of a ``secured`` region (``POST /auth/token``)."""
+        if self._token is None:
+            body = json.dumps({"username": "admin", "password": self.admin_password}).encode()
+            request = urllib.request.Request(
+                f"{self.api_url}/auth/token", data=body, method="POST",
+                headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    self._token = str(json.loads(response.read())["access_token"])
+            except urllib.error.HTTPError as exc:
+                raise HarnessError(f"{self.name}: login as admin -> {exc.code}") from None
+        return self._token
+
     def api(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> Any:
-        """Call this region's REST API (all-admins mode: no token needed); return the JSON."""
+        """Call this region's REST API (as ``admin`` when ``secured``); return the JSON."""
         data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.config.secured and not path.startswith("/api/v2/monitor/"):
+            headers["Authorization"] = f"Bearer {self.token()}"
         request = urllib.request.Request(
-            self.api_url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )
+            self.api_url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 text = response.read().decode()

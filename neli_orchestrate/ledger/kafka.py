@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import math
 import re
+import sys
 import threading
 import time
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ from neli_orchestrate.errors import (
     KafkaUnavailableError,
     TopicMismatchError,
 )
+from neli_orchestrate.ledger.cache import Checkpoint, ReplayCache, default_directory, refusal
 from neli_orchestrate.ledger.record import (
     DEFAULT_LEDGER_TOPIC,
     LedgerError,
@@ -89,6 +92,13 @@ class KafkaLedgerConfig:
     transaction_timeout: float = 10.0
     #: Seconds for init_transactions, commit and admin requests.
     request_timeout: float = 10.0
+    #: Continue each replay from where the last one of the role stopped (in this process, or
+    #: in a file on this host), when that is provably safe (docs/ledger.md, "Replay cache");
+    #: False replays every role from offset 0 every time.
+    replay_cache: bool = True
+    #: Directory of the per-host replay cache files (one per role; private to the user). None:
+    #: ``$XDG_CACHE_HOME/neli-orchestrate/ledger``. An empty string keeps the cache in memory.
+    replay_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
@@ -114,6 +124,10 @@ class KafkaLedgerConfig:
             raise ConfigError(
                 f"kafka_config may not set {', '.join(overridden)}: the ledger manages these"
                 " (use bootstrap_servers / transaction_timeout fields instead)"
+            )
+        if self.replay_cache_dir is not None and not isinstance(self.replay_cache_dir, str):
+            raise ConfigError(
+                f"replay_cache_dir must be a directory path or None, got {self.replay_cache_dir!r}"
             )
         if self.topic_config.get("cleanup.policy", "compact") != "compact":
             raise ConfigError("topic_config cleanup.policy must be 'compact' for the ledger")
@@ -176,6 +190,16 @@ class KafkaLedger:
         self._consumer: Any = None
         self._partitions: int | None = None
         self._closed = False
+        self._cluster_id = ""
+        #: The topic's delete.retention.ms in seconds (None: unknown, no checkpoint is trusted).
+        self._delete_retention: float | None = None
+        #: Producers being created and connected before leading, by role (see prepare()).
+        self._prepared: dict[str, Future[Any]] = {}
+        self._cache: ReplayCache | None = None
+        if config.replay_cache:
+            directory = config.replay_cache_dir
+            self._cache = ReplayCache(
+                default_directory() if directory is None else (directory or None))
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -225,6 +249,7 @@ class KafkaLedger:
                 f"cannot read metadata of ledger topic {self.config.topic!r} from"
                 f" {self.config.bootstrap_servers}: {exc}"
             ) from exc
+        self._cluster_id = metadata.cluster_id or ""
         topic = metadata.topics.get(self.config.topic)
         if topic is None or topic.error is not None:
             code = topic.error.code() if topic is not None and topic.error is not None else None
@@ -300,6 +325,9 @@ class KafkaLedger:
                 "cannot verify cleanup.policy of ledger topic %r: %s", self.config.topic, exc
             )
             return
+        retention = configs.get("delete.retention.ms")
+        if retention is not None and retention.value is not None:
+            self._delete_retention = int(retention.value) / 1000
         entry = configs.get("cleanup.policy")
         policy = entry.value if entry is not None else None
         if policy is not None and "compact" not in policy.split(","):
@@ -323,18 +351,16 @@ class KafkaLedger:
         """Create ``role``'s transactional producer and ``init_transactions()`` (fences earlier)."""
         with self._lock:
             partition = role_partition(role, self._ensure_ready())
+            prepared = self._prepared.pop(role, None)
         ck = _kafka()
-        conf = self._client_config()
-        conf.update(
-            {
-                "transactional.id": self.config.transactional_id(role),
-                "transaction.timeout.ms": int(self.config.transaction_timeout * 1000),
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 0,
-            }
-        )
-        producer = ck.Producer(conf)
+        producer = None
+        if prepared is not None:
+            try:
+                producer = prepared.result(timeout=self.config.request_timeout * 2)
+            except Exception as exc:  # noqa: BLE001 - created again below, errors reported there
+                logger.debug("the prepared ledger producer of %r is unusable: %s", role, exc)
+        if producer is None:
+            producer = self._producer(role)
         try:
             producer.init_transactions(self.config.request_timeout)
         except ck.KafkaException as exc:
@@ -354,9 +380,67 @@ class KafkaLedger:
         logger.debug("began ledger writer for role %r (partition %d)", role, partition)
         return KafkaLedgerWriter(self, role, partition, producer)
 
+    def _producer(self, role: str) -> Any:
+        conf = self._client_config()
+        conf.update(
+            {
+                "transactional.id": self.config.transactional_id(role),
+                "transaction.timeout.ms": int(self.config.transaction_timeout * 1000),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 0,
+            }
+        )
+        return _kafka().Producer(conf)
+
+    def prepare(self, role: str) -> None:
+        """Get ready to :meth:`begin` ``role`` quickly; call it before leading (fences nobody).
+
+        Creates the role's producer and connects it (a metadata request): librdkafka retries
+        ``init_transactions`` on a fixed 500 ms timer when the coordinator's connection is not
+        up yet, which a producer created at ``begin`` usually hits. Also takes the role's
+        first replay checkpoint if there is none (:meth:`warm`).
+        """
+        self.warm(role)
+        with self._lock:
+            if role in self._prepared or self._closed:
+                return
+            future: Future[Any] = Future()
+            self._prepared[role] = future
+        # Connecting takes a round trip or two: it runs while the caller joins the group.
+        threading.Thread(target=self._connect, args=(role, future), daemon=True,
+                         name=f"neli-ledger-connect-{role}").start()
+
+    def _connect(self, role: str, future: Future[Any]) -> None:
+        try:
+            producer = self._producer(role)
+        except BaseException as exc:  # noqa: BLE001 - begin() creates it again and reports
+            future.set_exception(exc)
+            return
+        try:
+            producer.list_topics(self.config.topic, timeout=self.config.request_timeout)
+        except Exception as exc:  # noqa: BLE001 - only a head start; begin() reports errors
+            logger.debug("connecting the ledger producer of %r early failed: %s", role, exc)
+        future.set_result(producer)
+        with self._lock:
+            if self._closed:
+                _close_quietly(producer)
+
     def replay(self, role: str) -> Replay:
         """Replay ``role`` read_committed up to the high watermark (no fence; not for tokens)."""
         return self._replay(role, fenced=False)
+
+    def warm(self, role: str) -> None:
+        """Take ``role``'s checkpoint now if there is none, so that the replay after the fence
+        reads only the tail: a replay from offset 0 of a large ledger takes seconds, and while
+        leading, that time counts against the member's lease."""
+        if self._cache is None:
+            return
+        with self._lock:
+            self._ensure_ready()
+            if self._cache.get(self._cluster_id, self.config.topic, role) is not None:
+                return
+        self._replay(role, fenced=False)
 
     def _replay(self, role: str, *, fenced: bool) -> Replay:
         ck = _kafka()
@@ -364,58 +448,137 @@ class KafkaLedger:
             partition = role_partition(role, self._ensure_ready())
             tp = ck.TopicPartition(self.config.topic, partition)
             deadline = time.monotonic() + self.config.replay_timeout
+            # Before the high watermark is read: every message above it is written later.
+            read_at = time.time()
+            # Topic id and log start are asked for alongside the high watermark (one round trip).
+            pending = self._partition_facts(partition) if self._cache is not None else None
             high = self._high_watermark(tp)
-            builder = ReplayBuilder(role)
-            if high == 0:
-                return builder.build(0, fenced=fenced)
-            consumer = self._replay_consumer()
-            # Offset 0 rather than OFFSET_BEGINNING saves a ListOffsets round trip; compaction
-            # never moves the log start, and auto.offset.reset=earliest covers deleted records.
-            consumer.assign([ck.TopicPartition(self.config.topic, partition, 0)])
-            position = eof = -1
-            try:
-                while True:
-                    # consume() waits for a full batch or the timeout: keep the timeout short.
-                    for message in consumer.consume(num_messages=10000, timeout=0.005):
-                        error = message.error()
-                        if error is not None:
-                            if error.code() == ck.KafkaError._PARTITION_EOF:
-                                eof = max(eof, message.offset())
-                                continue
-                            if error.code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED:
-                                # librdkafka looks up the coordinator of the (never joined)
-                                # replay group; the assigned partitions fetch without it.
-                                continue
-                            if (error.retriable() or error.code() in _transient_codes()) and (
-                                not error.fatal()
-                            ):
-                                logger.debug("replay of %r: %s (retrying)", role, error)
-                                continue  # bounded by the replay deadline below
-                            if _denied(error):
-                                raise AuthorizationError(
-                                    f"replaying ledger topic {self.config.topic!r} was denied"
-                                    f" ({error.name()}): grant READ on it; docs/security.md"
-                                )
-                            raise KafkaUnavailableError(
-                                f"replaying ledger partition {partition}: {error}"
-                            )
-                        builder.add(message.key(), message.value(), message.offset())
-                    # The position moves past transaction markers too, so it reaches the high
-                    # watermark once every transaction open at the start has ended.
-                    position = max(consumer.position([tp])[0].offset, eof)
-                    if position >= high:
-                        break
-                    if time.monotonic() > deadline:
-                        raise KafkaUnavailableError(
-                            f"replay of role {role!r} stuck at offset {position} of ledger"
-                            f" partition {self.config.topic}[{partition}], below the high"
-                            f" watermark {high}: an open transaction holds the last stable"
-                            " offset (a writer that died mid-transaction blocks until a newer"
-                            " leader of its role fences it or transaction_timeout passes)"
-                        )
-            finally:
-                consumer.unassign()
+            topic_id, log_start = self._facts(pending)
+            builder, start = self._resume(role, partition, topic_id, log_start, high, read_at)
+            if high > start:
+                position = self._fold(builder, role, tp, start, high, deadline)
+            else:
+                # At the checkpoint (or an empty partition): the checkpoint's position was
+                # reached read_committed, so no transaction below it is still open.
+                position = start
+            if self._cache is not None and topic_id is not None:
+                self._cache.put(Checkpoint(self._cluster_id, self.config.topic, topic_id,
+                                           partition, position, read_at, builder.state()))
             return builder.build(position, fenced=fenced)
+
+    def _resume(self, role: str, partition: int, topic_id: str | None, log_start: int,
+                high: int, read_at: float) -> tuple[ReplayBuilder, int]:
+        """The fold to continue and its offset: the role's checkpoint if safe, else offset 0."""
+        cache = self._cache
+        if cache is None or topic_id is None:
+            return ReplayBuilder(role), 0
+        checkpoint = cache.get(self._cluster_id, self.config.topic, role)
+        if checkpoint is None:
+            return ReplayBuilder(role), 0
+        why = refusal(checkpoint, topic_id=topic_id, partition=partition, log_start=log_start,
+                      high=high, now=read_at, retention=self._delete_retention)
+        if why is None:
+            logger.debug("replay of %r continues at offset %d (%d run keys cached)", role,
+                         checkpoint.offset, len(checkpoint.state.records))
+            return ReplayBuilder(role, checkpoint.state), checkpoint.offset
+        builder = ReplayBuilder(role)
+        if checkpoint.topic_id != topic_id or high < checkpoint.offset:
+            # Offsets restarted: tokens issued before must still not be reissued.
+            builder.raise_token_floor(checkpoint.state.max_token)
+            logger.warning(
+                "ledger topic %r of role %r: %s; replaying from offset 0. Claims stay refused"
+                " until the partition passes token %d issued before (delete %s to accept the"
+                " new topic after resetting the sinks' tokens)", self.config.topic, role, why,
+                checkpoint.state.max_token,
+                cache.path(self._cluster_id, self.config.topic, role) or "the process's cache")
+        else:
+            logger.debug("replay of %r starts at offset 0: %s", role, why)
+        return builder, 0
+
+    def _fold(self, builder: ReplayBuilder, role: str, tp: Any, start: int, high: int,
+              deadline: float) -> int:
+        """Fold ``tp`` from ``start`` read_committed until the high watermark; the position."""
+        ck = _kafka()
+        partition = tp.partition
+        consumer = self._replay_consumer()
+        # An explicit offset rather than OFFSET_BEGINNING saves a ListOffsets round trip;
+        # auto.offset.reset=earliest covers records deleted from the log start.
+        consumer.assign([ck.TopicPartition(self.config.topic, partition, start)])
+        position = eof = -1
+        try:
+            while True:
+                # consume() waits for a full batch or the timeout: keep the timeout short.
+                for message in consumer.consume(num_messages=10000, timeout=0.005):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == ck.KafkaError._PARTITION_EOF:
+                            eof = max(eof, message.offset())
+                            continue
+                        if error.code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED:
+                            # librdkafka looks up the coordinator of the (never joined)
+                            # replay group; the assigned partitions fetch without it.
+                            continue
+                        if (error.retriable() or error.code() in _transient_codes()) and (
+                            not error.fatal()
+                        ):
+                            logger.debug("replay of %r: %s (retrying)", role, error)
+                            continue  # bounded by the replay deadline below
+                        if _denied(error):
+                            raise AuthorizationError(
+                                f"replaying ledger topic {self.config.topic!r} was denied"
+                                f" ({error.name()}): grant READ on it; docs/security.md"
+                            )
+                        raise KafkaUnavailableError(
+                            f"replaying ledger partition {partition}: {error}"
+                        )
+                    builder.add(message.key(), message.value(), message.offset())
+                # The position moves past transaction markers too, so it reaches the high
+                # watermark once every transaction open at the start has ended.
+                position = max(consumer.position([tp])[0].offset, eof)
+                if position >= high:
+                    return position
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailableError(
+                        f"replay of role {role!r} stuck at offset {position} of ledger"
+                        f" partition {self.config.topic}[{partition}], below the high"
+                        f" watermark {high}: an open transaction holds the last stable"
+                        " offset (a writer that died mid-transaction blocks until a newer"
+                        " leader of its role fences it or transaction_timeout passes)"
+                    )
+        finally:
+            consumer.unassign()
+
+    def _partition_facts(self, partition: int) -> Any:
+        """Ask for the topic id and the log start offset at once; answered by ``_facts``."""
+        ck = _kafka()
+        tp = ck.TopicPartition(self.config.topic, partition)
+        timeout = self.config.request_timeout
+        try:
+            described = self._admin.describe_topics(
+                ck.TopicCollection([self.config.topic]), request_timeout=timeout
+            )[self.config.topic]
+            earliest = self._admin.list_offsets(
+                {tp: ck.admin.OffsetSpec.earliest()}, request_timeout=timeout)[tp]
+        except ck.KafkaException as exc:
+            logger.debug("cannot describe ledger topic %r (%s)", self.config.topic, exc)
+            return None
+        return described, earliest
+
+    def _facts(self, pending: Any) -> tuple[str | None, int]:
+        """(topic id, log start offset); (None, ...) when the broker will not say: no cache."""
+        if pending is None:
+            return None, sys.maxsize
+        ck = _kafka()
+        described, earliest = pending
+        timeout = self.config.request_timeout * 2
+        try:
+            topic_id = getattr(described.result(timeout=timeout), "topic_id", None)
+            log_start = int(earliest.result(timeout=timeout).offset)
+        except ck.KafkaException as exc:
+            logger.debug("cannot describe ledger topic %r (%s): replaying from offset 0",
+                         self.config.topic, exc)
+            return None, sys.maxsize
+        return (None if topic_id is None else str(topic_id)), log_start
 
     def _high_watermark(self, tp: Any) -> int:
         ck = _kafka()
@@ -471,6 +634,10 @@ class KafkaLedger:
         """Close the replay consumer; writers are closed by their owners."""
         with self._lock:
             self._closed = True
+            prepared, self._prepared = list(self._prepared.values()), {}
+            for future in prepared:
+                if future.done() and future.exception() is None:
+                    _close_quietly(future.result())
             if self._consumer is not None:
                 try:
                     self._consumer.close()

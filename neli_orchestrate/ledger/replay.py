@@ -92,6 +92,19 @@ class Replay:
         return self.end_offset
 
 
+@dataclass(frozen=True)
+class FoldState:
+    """A :class:`ReplayBuilder`'s fold of one role, to resume from (see ``ledger/cache.py``)."""
+
+    role: str
+    records: Mapping[str, LedgerRecord]
+    #: The encoded value of each record, as read from the ledger.
+    values: Mapping[str, bytes]
+    unreadable: Mapping[str, tuple[int, str]]
+    ignored: int
+    max_token: int
+
+
 class ReplayBuilder:
     """Fold the raw messages of one partition, in offset order, into a :class:`Replay` of a role.
 
@@ -101,14 +114,37 @@ class ReplayBuilder:
 
     _MAX_WARNINGS = 10
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, state: FoldState | None = None) -> None:
         self.role = role
         self._prefix = role_key_prefix(role)
         self._skip = len(self._prefix)
         self._records: dict[str, LedgerRecord] = {}
+        #: The encoded value of every record in ``_records`` (what a checkpoint stores).
+        self._values: dict[str, bytes] = {}
         self._unreadable: dict[str, tuple[int, str]] = {}
         self._ignored = 0
         self._max_token = -1
+        if state is not None:
+            # Copies: a fold that fails half-way must not change the checkpoint it began from.
+            if state.role != role:
+                raise ValueError(f"fold state of role {state.role!r} cannot resume {role!r}")
+            self._records = dict(state.records)
+            self._values = dict(state.values)
+            self._unreadable = dict(state.unreadable)
+            self._ignored = state.ignored
+            self._max_token = state.max_token
+
+    def state(self) -> FoldState:
+        """The fold so far, to continue later from the offset it reached (a replay cache)."""
+        return FoldState(self.role, MappingProxyType(dict(self._records)),
+                         MappingProxyType(dict(self._values)),
+                         MappingProxyType(dict(self._unreadable)), self._ignored,
+                         self._max_token)
+
+    def raise_token_floor(self, token: int) -> None:
+        """Tokens up to ``token`` were issued before (by an earlier incarnation of the topic):
+        :attr:`Replay.next_token` refuses an end offset that does not exceed it."""
+        self._max_token = max(self._max_token, token)
 
     def add(self, key: bytes | None, value: bytes | None, offset: int) -> None:
         """Apply one message (``value`` None is a tombstone)."""
@@ -133,6 +169,7 @@ class ReplayBuilder:
         run_key = parts[1]
         if value is None:
             self._records.pop(run_key, None)
+            self._values.pop(run_key, None)
             self._unreadable.pop(run_key, None)
             return
         try:
@@ -149,6 +186,7 @@ class ReplayBuilder:
             self._unreadable[run_key] = (offset, why)
             return
         self._records[run_key] = record
+        self._values[run_key] = value
         self._unreadable.pop(run_key, None)
         if record.token > self._max_token:
             self._max_token = record.token

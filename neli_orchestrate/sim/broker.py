@@ -13,7 +13,11 @@ Modelled after what the protocol relies on in Kafka (FACTS.md), nothing more:
   its open transaction; a write with an older epoch is refused (fenced). A transaction left
   open (writer died half-way) holds the partition's last stable offset until it is aborted by
   the next ``init_transactions`` or by ``transaction_timeout`` (which also bumps the epoch).
-- **Logs** with offsets, commit/abort markers, high watermark and last stable offset.
+- **Logs** with offsets, commit/abort markers, high watermark and last stable offset, and
+  compaction: after every commit, committed records superseded by a later committed record of
+  the same key are removed (offsets stay; readers skip the hole), as the log cleaner does.
+  Tombstones are never removed here (the simulation writes none); the real-broker tests cover
+  a tombstone compacted away.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ MARKER = 1
 OPEN = 0
 COMMITTED = 1
 ABORTED = 2
+#: Removed by compaction (a later committed record of the same key exists).
+REMOVED = 3
 
 
 class Entry:
@@ -115,6 +121,10 @@ class Broker:
         transaction_timeout: int,
     ) -> None:
         self.kernel = kernel
+        #: The ledger topic's id (what a replay cache checks); the topic is never recreated.
+        self.topic_id = "sim-ledger-topic"
+        #: Records removed by compaction so far.
+        self.compacted = 0
         self.logs = [Log() for _ in range(partitions)]
         self.groups: dict[str, Group] = {}
         self.session_timeout = session_timeout
@@ -286,9 +296,25 @@ class Broker:
         del log.open_from[tid]
         del self.open_txn[tid]
         self.on_commit(partition, entries)
+        self.compacted += _compact(log)
         return entries
 
     def _txn_timeout(self, tid: str, epoch: int) -> None:
         if self.open_txn.get(tid, (None, None))[1] == epoch and self.epochs.get(tid) == epoch:
             self._abort(tid, "transaction timeout")
             self.epochs[tid] = epoch + 1  # the coordinator bumps the epoch: the writer is fenced
+
+
+def _compact(log: Log) -> int:
+    """Remove committed records below the last stable offset that a later one supersedes."""
+    removed = 0
+    seen: set[bytes] = set()
+    for entry in reversed(log.entries[:log.last_stable_offset]):
+        if entry.kind != DATA or entry.status != COMMITTED or entry.key is None:
+            continue
+        if entry.key in seen:
+            entry.status = REMOVED
+            removed += 1
+        else:
+            seen.add(entry.key)
+    return removed

@@ -25,6 +25,8 @@ MUTATIONS: dict[str, str] = {
     " publishes, not when a newer claim's job stages",
     "unread_unreadable": "a try decides from the older record (Replay.records) when the run"
     " key's newest ledger record cannot be read, instead of refusing (Replay.latest)",
+    "stale_replay_cache": "a host's replay checkpoint is trusted as the whole ledger: the"
+    " records written since it was taken are not read",
 }
 
 

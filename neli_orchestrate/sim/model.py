@@ -44,7 +44,13 @@ from neli_orchestrate.sim.kernel import (
     Thread,
     Violation,
 )
-from neli_orchestrate.sim.store import ReplayCache, SimLedgerStore, SimLedgerWriter, WriteAudit
+from neli_orchestrate.sim.store import (
+    HostCache,
+    ReplayCache,
+    SimLedgerStore,
+    SimLedgerWriter,
+    WriteAudit,
+)
 
 Gen = Generator[Any, Any, Any]
 DecideFn = Callable[..., Decision]
@@ -357,6 +363,10 @@ class Stats:
     manual_clears: int = 0
     #: Tries that refused to decide because the run key's newest record was unreadable.
     unreadable_refused: int = 0
+    #: Replays that continued a host's checkpoint (read only the log above it).
+    checkpoint_replays: int = 0
+    #: Ledger records removed by compaction (superseded by a later record of their key).
+    compacted: int = 0
     min_handover_gap: int | None = None
     #: Faults that fired, by kind (``crash@gate.begun``, ``cut``, ``outage``, ...).
     fired: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -397,7 +407,10 @@ class Simulation:
             rebalance_timeout=cfg.rebalance_timeout,
             transaction_timeout=cfg.transaction_timeout,
         )
+        #: The checker's view of the ledger (every committed message, folded once).
         self.cache = ReplayCache(self.broker)
+        #: What each deployment's processes replay through: its host's checkpoints.
+        self.host_caches: dict[str, HostCache] = {}
         self.audit = WriteAudit()
         self.audit.on_begin = self._on_begin
         self.fault_free = rng.random() < cfg.fault_free_fraction
@@ -552,7 +565,7 @@ class Simulation:
             return
         dep = Deployment(NEWER, len(self.deployments), 0, False)
         proc = kernel.spawn(NEWER, dep, "newer")
-        store = SimLedgerStore(self.broker, self.cache, self.audit, proc,
+        store = SimLedgerStore(self.broker, self._host_cache(dep.name), self.audit, proc,
                                partitions=self.partitions)
         writer = store.begin(role)
         try:
@@ -654,6 +667,14 @@ class Simulation:
                 driver = self._dagster if dep.name in self.dagster else self._airflow
                 box.append(self.kernel.start(proc, driver(dep, role, run_key, box), "dag"))
 
+    def _host_cache(self, host: str) -> HostCache:
+        cache = self.host_caches.get(host)
+        if cache is None:
+            cache = self.host_caches[host] = HostCache(
+                self.broker, self.stats,
+                trust_stale=self.config.mutation == "stale_replay_cache")
+        return cache
+
     def _spawn_task(
         self, dep: Deployment, kind: str, role: str, run_key: str, token: int | None,
         waiter: Thread,
@@ -663,7 +684,7 @@ class Simulation:
         member = Member(self, proc, role)
         self.members[role].append(member)
         store = SimLedgerStore(
-            self.broker, self.cache, self.audit, proc,
+            self.broker, self._host_cache(dep.name), self.audit, proc,
             partitions=self.partitions, fence=self.config.mutation != "no_fencing",
         )
         if kind == "gate":
@@ -1199,6 +1220,7 @@ class Simulation:
         self.kernel.run(self.config.time_limit)
         self.stats.events = self.kernel.events
         self.stats.end_time = self.kernel.now
+        self.stats.compacted = self.broker.compacted
         self._final_checks()
         return self.stats
 

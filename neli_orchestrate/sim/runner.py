@@ -26,6 +26,8 @@ class SeedResult:
     message: str
     stats: Stats
     trace: list[TraceEntry]
+    #: The mutation the seed ran under (its replay command needs it too).
+    mutation: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -39,7 +41,9 @@ class SeedResult:
             lines.append(self.message)
         lines.append(format_trace(self.trace))
         if not self.ok:
-            lines.append(f"replay: python -m neli_orchestrate.sim --seed {self.seed} --trace")
+            mutation = "" if self.mutation is None else f" --mutation {self.mutation}"
+            lines.append(
+                f"replay: python -m neli_orchestrate.sim --seed {self.seed} --trace{mutation}")
         return "\n".join(lines)
 
 
@@ -62,14 +66,16 @@ def run_seed(
     sim = Simulation(seed, config, decide_fn=decide_fn, check_claim_fn=check_claim_fn)
     try:
         stats = sim.run()
-        return SeedResult(seed, None, "", stats, sim.kernel.trace)
+        return SeedResult(seed, None, "", stats, sim.kernel.trace, config.mutation)
     except Violation as violation:
         sim.stats.events = sim.kernel.events
         sim.stats.end_time = sim.kernel.now
-        return SeedResult(seed, violation.invariant, violation.message, sim.stats, sim.kernel.trace)
+        return SeedResult(seed, violation.invariant, violation.message, sim.stats,
+                          sim.kernel.trace, config.mutation)
     except Exception:  # noqa: BLE001 - a crash of the model is a failure of the seed too
         sim.kernel.log("checker", "MODEL ERROR", traceback.format_exc())
-        return SeedResult(seed, "ERROR", traceback.format_exc(), sim.stats, sim.kernel.trace)
+        return SeedResult(seed, "ERROR", traceback.format_exc(), sim.stats, sim.kernel.trace,
+                          config.mutation)
 
 
 #: Counters of :class:`Stats` that a :class:`Summary` sums over seeds.
@@ -77,6 +83,7 @@ _SUMMED = (
     "fault_free", "events", "works", "claims", "completed", "terminal_failed",
     "fenced_writes", "stale_sink_commits", "leader_gains", "faults", "own_later_tries",
     "fenced_tries", "fenced_before_start", "manual_clears", "unreadable_refused",
+    "checkpoint_replays", "compacted",
 )
 
 
@@ -101,6 +108,8 @@ class Summary:
     fenced_before_start: int = 0
     manual_clears: int = 0
     unreadable_refused: int = 0
+    checkpoint_replays: int = 0
+    compacted: int = 0
     min_handover_gap: int | None = None
     fired: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
@@ -151,6 +160,8 @@ class Summary:
             f" started {self.fenced_before_start}), manual clears {self.manual_clears}",
             f"  tries refusing to decide on an unreadable newest record"
             f" {self.unreadable_refused}",
+            f"  replays continued from a host's checkpoint {self.checkpoint_replays},"
+            f" ledger records removed by compaction {self.compacted}",
             f"  leadership acquisitions {self.leader_gains}, smallest handover gap"
             f" {self.min_handover_gap} ms (S1 margin: > 0 means no overlap)",
         ]

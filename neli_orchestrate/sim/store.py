@@ -10,6 +10,7 @@ watermark and fold the messages with the real :class:`~neli_orchestrate.ledger.R
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from neli_orchestrate.errors import FencedError, KafkaUnavailableError
 from neli_orchestrate.ledger import (
@@ -19,6 +20,7 @@ from neli_orchestrate.ledger import (
     encode_key,
     role_partition,
 )
+from neli_orchestrate.ledger.cache import Checkpoint, refusal
 from neli_orchestrate.sim.broker import COMMITTED, DATA, Broker, Fenced
 from neli_orchestrate.sim.kernel import Proc, SimCrash
 
@@ -52,6 +54,52 @@ class ReplayCache:
         return builder.build(high, fenced=fenced)
 
 
+class HostCache:
+    """One host's replay checkpoints (what the per-host cache files are), shared by every
+    process a deployment starts there and surviving their crashes.
+
+    Continues a checkpoint through the real :func:`~neli_orchestrate.ledger.cache.refusal` and
+    :class:`ReplayBuilder` resume, reading only the log above it (holes left by compaction
+    included). ``trust_stale`` is the ``stale_replay_cache`` mutation: a checkpoint is taken
+    as the whole ledger, without reading what was written since.
+    """
+
+    #: The simulated topic's delete.retention.ms, in seconds (no tombstones are written).
+    RETENTION = 86400.0
+
+    def __init__(self, broker: Broker, stats: Any, *, trust_stale: bool = False) -> None:
+        self.broker = broker
+        self.stats = stats
+        self.trust_stale = trust_stale
+        self._checkpoints: dict[str, Checkpoint] = {}
+
+    def replay(self, role: str, partition: int, *, fenced: bool) -> Replay:
+        log = self.broker.logs[partition]
+        high = log.high_watermark
+        if log.last_stable_offset < high:
+            raise KafkaUnavailableError(
+                f"replay of {role!r} blocked at offset {log.last_stable_offset} below the high"
+                f" watermark {high} by an open transaction"
+            )
+        now = self.broker.kernel.now / 1000
+        checkpoint = self._checkpoints.get(role)
+        builder, start = ReplayBuilder(role), 0
+        if checkpoint is not None:
+            if self.trust_stale:
+                return ReplayBuilder(role, checkpoint.state).build(high, fenced=fenced)
+            why = refusal(checkpoint, topic_id=self.broker.topic_id, partition=partition,
+                          log_start=0, high=high, now=now, retention=self.RETENTION)
+            if why is None:
+                builder, start = ReplayBuilder(role, checkpoint.state), checkpoint.offset
+                self.stats.checkpoint_replays += 1
+        for entry in log.entries[start:high]:
+            if entry.kind == DATA and entry.status == COMMITTED:
+                builder.add(entry.key, entry.value, entry.offset)
+        self._checkpoints[role] = Checkpoint("sim", "ledger", self.broker.topic_id, partition,
+                                             high, now, builder.state())
+        return builder.build(high, fenced=fenced)
+
+
 class WriteAudit:
     """Hooks the checker uses to see every begin and write (S2)."""
 
@@ -68,7 +116,7 @@ class SimLedgerStore:
     def __init__(
         self,
         broker: Broker,
-        cache: ReplayCache,
+        cache: ReplayCache | HostCache,
         audit: WriteAudit,
         proc: Proc,
         *,

@@ -20,6 +20,7 @@ named real component).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -119,6 +120,10 @@ def kafka_broker() -> Iterator[str]:
     try:
         yield kafka.bootstrap_servers
     finally:
+        # Kafka clients a test leaked (kept alive by a reference cycle, e.g. an exception's
+        # traceback) are destroyed while the broker still answers: a client that outlives it
+        # retries its connection and librdkafka prints "Connect ... refused" at exit.
+        gc.collect()
         kafka.stop()
 
 

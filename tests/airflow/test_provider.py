@@ -124,3 +124,51 @@ def test_the_user_guides_first_example_is_the_dag_file_the_tests_run() -> None:
     dag_file = (REPO / "dags" / "stock_downstream.py").read_text()
     assert example and example in dag_file
     assert "SparkSubmitOperator" in guide.split("```python", 1)[0]  # stock form named first
+
+
+def test_plugin_entry_point_is_declared_and_loads_the_page_and_the_link() -> None:
+    import tomllib
+
+    from airflow.plugins_manager import AirflowPlugin, is_valid_plugin
+
+    from neli_orchestrate.airflow.plugins.leadership import NeliPlugin, NeliRunLink, app
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (target,) = project["entry-points"]["airflow.plugins"].values()
+    module, _, name = target.partition(":")
+    plugin = getattr(importlib.import_module(module), name)
+    assert plugin is NeliPlugin and issubclass(plugin, AirflowPlugin) and is_valid_plugin(plugin)
+    assert plugin.fastapi_apps == [{"app": app, "url_prefix": "/neli", "name": "NELI leadership"}]
+    assert [type(link) for link in plugin.global_operator_extra_links] == [NeliRunLink]
+    # the provider's "plugins" list would load it a second time (with lazy discovery off)
+    assert "plugins" not in get_provider_info()
+
+
+def test_run_link_points_gate_and_fenced_child_at_the_run_and_nothing_else(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from neli_orchestrate.airflow.plugins import leadership
+
+    rendered = {("d", "gate", "r1", -1): {"role": "daily", "run_key": "d/2013-01-05 x"}}
+    monkeypatch.setattr(leadership, "_rendered", lambda *key: rendered.get(key, {}))
+    gate = SimpleNamespace(task_id="gate", task_type="LeaderGateOperator",
+                           _task_module="neli_orchestrate.airflow.operators.gate",
+                           upstream_task_ids=set(), neli_conn_id="neli_eu")
+    job = SimpleNamespace(task_id="job", task_type="BashOperator",
+                          _task_module="airflow.providers.standard.operators.bash",
+                          upstream_task_ids={"gate"})
+    after = SimpleNamespace(task_id="after", task_type="BashOperator", _task_module="x",
+                            upstream_task_ids={"job"})
+    dag = SimpleNamespace(task_dict={"gate": gate, "job": job, "after": after})
+    for task in (gate, job, after):
+        task.dag = dag
+    key = SimpleNamespace(dag_id="d", run_id="r1", map_index=-1)
+    link = leadership.NeliRunLink()
+    expected = "/neli/?role=daily&run_key=d%2F2013-01-05+x&conn_id=neli_eu#run"
+    assert link.get_link(gate, ti_key=key) == expected
+    assert link.get_link(job, ti_key=key) == expected
+    assert link.get_link(after, ti_key=key) == ""
+    # a run whose gate has not started yet has no rendered fields: no link
+    other = SimpleNamespace(dag_id="d", run_id="r2", map_index=-1)
+    assert link.get_link(job, ti_key=other) == ""

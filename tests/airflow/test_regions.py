@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -42,6 +44,57 @@ ROLE = "nycflights_daily/{date}"  # one role per date (see dags/nycflights_daily
 SECRET = f"never-log-me-{uuid.uuid4().hex}"
 
 
+class StatsdReceiver:
+    """A StatsD server on loopback UDP: what the regions' Airflow ``Stats`` sent, line by line."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65535)
+            except TimeoutError:
+                continue
+            with self._lock:
+                self.lines.extend(data.decode(errors="replace").splitlines())
+
+    def count(self, name: str) -> int:
+        """Sum of the counter ``name`` (e.g. ``us-east-1.neli.claim``) received so far."""
+        with self._lock:
+            lines = list(self.lines)
+        return sum(int(line.split(":", 1)[1].split("|", 1)[0]) for line in lines
+                   if line.split(":", 1)[0] == name and line.endswith("|c"))
+
+    def timings(self, name: str) -> list[float]:
+        with self._lock:
+            lines = list(self.lines)
+        return [float(line.split(":", 1)[1].split("|", 1)[0]) for line in lines
+                if line.split(":", 1)[0] == name and line.endswith("|ms")]
+
+    def statsd_env(self, prefix: str) -> dict[str, str]:
+        """The ``[metrics]`` settings that send a region's Stats here under ``prefix``."""
+        return {
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(self.port),
+            "AIRFLOW__METRICS__STATSD_PREFIX": prefix,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
 class World:
     """The two regions and what they share: Kafka namespace, output root, fence marker dir."""
 
@@ -51,6 +104,7 @@ class World:
         self.namespace = namespace
         self.output = root / "output"
         self.started = root / "started"
+        self.statsd = StatsdReceiver()
 
     def connection(self, deployment: str) -> dict[str, Any]:
         return neli_connection(
@@ -117,7 +171,7 @@ def world(warm_broker: str, tmp_path_factory: pytest.TempPathFactory):
                 "nycflights_output": str(holder.output),
                 "fence_started": str(holder.started / name),
             },
-            env=policy_settings(root),
+            env={**policy_settings(root), **holder.statsd.statsd_env(name)},
         )
         for name in (A, B)
     ]
@@ -129,9 +183,12 @@ def world(warm_broker: str, tmp_path_factory: pytest.TempPathFactory):
         HERE / "dags" / "neli_fence_test.py",
         HERE / "jobs",
     ]
-    with AirflowRegions.start(root, dags, configs) as regions:
-        holder.regions = regions
-        yield holder
+    try:
+        with AirflowRegions.start(root, dags, configs) as regions:
+            holder.regions = regions
+            yield holder
+    finally:
+        holder.statsd.close()
 
 
 @pytest.mark.timeout(900)  # two deployments start (fixture) and run three Spark jobs
@@ -240,6 +297,27 @@ def test_stock_bash_behind_the_gate_runs_each_date_once_across_two_regions(world
         states = Counter(r.state for r in records)
         assert states[RunState.RUNNING] == 1 and states[RunState.COMPLETED] == 1, records
         assert records[-1].deployment == runner
+    # Every claim the ledger holds went out through Airflow's Stats (StatsD here), from the
+    # region that wrote it; regions count claims of all roles, so compare over the whole ledger.
+    claims: Counter[str] = Counter()
+    for records_of_key in _claims_by_run_key(history).values():
+        for deployment in records_of_key:
+            claims[deployment] += 1
+    deadline = time.monotonic() + 30
+    while any(world.statsd.count(f"{r.name}.neli.claim") < claims[r.name] for r in regions):
+        assert time.monotonic() < deadline, (claims, world.statsd.lines[-50:])
+        time.sleep(0.1)
+    for region in regions:
+        assert world.statsd.count(f"{region.name}.neli.claim") == claims[region.name]
+    assert world.statsd.timings(f"{claims.most_common(1)[0][0]}.neli.time_to_lead")
+
+
+def _claims_by_run_key(history: list[Any]) -> dict[str, list[str]]:
+    """Per run key, the deployment of each claim (each new token) in the ledger."""
+    seen: dict[str, dict[int, str]] = defaultdict(dict)
+    for record in history:
+        seen[record.run_key].setdefault(record.token, record.deployment)
+    return {key: list(tokens.values()) for key, tokens in seen.items()}
 
 
 def _spark_processes(marker: str) -> list[psutil.Process]:

@@ -44,6 +44,10 @@ def test_status_names_the_member_and_deployment_that_lead_from_its_heartbeats(
         assert len(hourly["members"]) == 1
         assert hourly["leader_member"] == seen["member"]
         assert hourly["leader_deployment"] == "eu-west-1"
+        # the timeline ends with the leader's spell, which started when it began to lead
+        spell = hourly["timeline"][-1]
+        assert (spell["member"], spell["deployment"]) == (seen["member"], "eu-west-1")
+        assert hourly["leader_since"] == spell["start"] <= spell["end"]
         assert hourly["lag"] is not None and hourly["lag"] >= 0
         table = cli("status", "-b", kafka_broker, "-n", namespace, "--role", "hourly")
         assert "eu-west-1" in table.stdout and str(seen["member"]) in table.stdout

@@ -99,6 +99,12 @@ def test_each_partition_of_a_singleton_asset_is_materialized_in_exactly_one_depl
                     "run_key": partition,
                 }.items()
                 assert run["observations"] == []
+                # the claim's metric is in the run's event log (Dagster's logger)
+                assert any(
+                    message.startswith("neli metric claim ")
+                    and "role=daily_counted" in message and f"run_key={partition}" in message
+                    for _, _, message in run["logs"]
+                ), run["logs"]
             else:
                 assert materialized == {}, f"{name} materialized {partition} run elsewhere"
                 assert "daily_counted" in run["step_success"]
@@ -108,6 +114,10 @@ def test_each_partition_of_a_singleton_asset_is_materialized_in_exactly_one_depl
                 assert observation["metadata"]["neli_outcome"] == "SKIP_DONE"
                 assert observation["metadata"]["done_by_deployment"] == ran_here
                 assert observation["metadata"]["done_token"] == token
+                assert any(
+                    message.startswith("neli metric skip ") and "outcome=SKIP_DONE" in message
+                    for _, _, message in run["logs"]
+                ), run["logs"]
 
 
 def test_gate_op_lets_only_the_claiming_deployment_run_the_singleton_op(

@@ -51,6 +51,9 @@ def test_ten_thousand_seeded_schedules_keep_every_invariant() -> None:
     # tries met them and refused to decide (L1 counts those run keys as completed).
     assert summary.fired.get("newer-version COMPLETED", 0) > 0
     assert summary.unreadable_refused > 0
+    # Replays continued from the host's checkpoint (issue 12) over a compacted log.
+    assert summary.checkpoint_replays > summary.claims // 2
+    assert summary.compacted > 0
     # S1's margin: a new leader never started before the previous one's belief ended.
     assert summary.min_handover_gap is not None and summary.min_handover_gap > 0
 
@@ -88,4 +91,4 @@ def test_a_failing_seed_reports_the_seed_the_invariant_and_the_trace() -> None:
     report = result.report()
     assert report.startswith("seed 1: S3 violated")
     assert "VIOLATION S3" in report
-    assert "python -m neli_orchestrate.sim --seed 1 --trace" in report
+    assert "python -m neli_orchestrate.sim --seed 1 --trace --mutation ignore_completed" in report

@@ -478,9 +478,11 @@ class NeliHook(BaseHook):
 
     def get_singleton(self) -> Singleton:
         """Return a new :class:`~neli_orchestrate.Singleton`; close it after use."""
+        from neli_orchestrate.airflow.metrics import to_airflow_stats
         from neli_orchestrate.singleton import Singleton
 
-        return Singleton(self.singleton_config())
+        # Claims, skips, takeovers, fences and time-to-lead go to Airflow's Stats.
+        return Singleton(self.singleton_config(), metrics=to_airflow_stats)
 
     def role_group(self, role: str) -> str:
         """The consumer group whose members compete to lead ``role``."""

@@ -1,0 +1,1 @@
+"""Airflow plugins of the provider (loaded through the ``airflow.plugins`` entry point)."""
