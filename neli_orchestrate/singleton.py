@@ -102,15 +102,28 @@ class SingletonConfig:
     - ``max_clock_error``: bound on the wall-clock difference between deployments.
     """
 
+    #: Connection and timing settings of each role's NELI member (``group_id`` and ``topic``
+    #: stay unset: they derive from ``namespace``).
     neli: NeliConfig
+    #: Id of this orchestrator deployment (region), e.g. ``us-east-1``; unique per deployment,
+    #: recorded in the ledger.
     deployment: str
+    #: Names every shared Kafka resource (groups, leader topic, ledger); required, the same in
+    #: every deployment that shares runs.
     namespace: str | None = None
+    #: Ledger topic (None: ``<namespace>.ledger``); the same in every deployment.
     ledger_topic: str | None = None
     handoff_timeout: float = 300.0
     acquire_timeout: float = 60.0
+    #: Who runs a ``FAILED`` run key again: the failing deployment first, anyone after
+    #: ``handoff_timeout`` (``SAME_DEPLOYMENT_FIRST``), anyone at once (``ANY_DEPLOYMENT``), or
+    #: only the failing deployment (``SAME_DEPLOYMENT_ONLY``).
     failed_retry: FailedRetry = FailedRetry.SAME_DEPLOYMENT_FIRST
+    #: Attempts per run key before it fails for good (``GIVE_UP``; reset it to run again);
+    #: None: no limit.
     max_attempts: int | None = None
     max_clock_error: float = 1.0
+    #: Partitions of the ledger topic when this deployment creates it (roles hash onto them).
     ledger_partitions: int = 1
     #: Continue ledger replays from a checkpoint (in memory and a file per role on this host)
     #: when safe, instead of reading the role's partition from offset 0 on every claim
