@@ -16,10 +16,13 @@ import pytest
 from neli_orchestrate import KafkaUnavailableError, NeliConfig, Singleton, SingletonConfig
 
 
-def _singleton(bootstrap: str, namespace: str, **neli: object) -> Singleton:
+def _singleton(bootstrap: str, namespace: str, cache: object = "", **neli: object) -> Singleton:
+    """``cache``: a replay-cache directory, "" for memory only (the default here), None: off."""
     return Singleton(SingletonConfig(neli=NeliConfig(bootstrap_servers=bootstrap, **neli),
                                      namespace=namespace, deployment="us-east-1",
-                                     acquire_timeout=30))
+                                     acquire_timeout=30, ledger_replay_cache=cache is not None,
+                                     ledger_replay_cache_dir=None if cache is None
+                                     else str(cache)))
 
 
 def test_an_unreachable_broker_fails_the_claim_within_its_request_timeout() -> None:
@@ -34,17 +37,21 @@ def test_an_unreachable_broker_fails_the_claim_within_its_request_timeout() -> N
 
 
 @pytest.mark.kafka
-def test_a_recreated_ledger_cannot_overwrite_output_published_under_a_larger_token(
+def test_a_recreated_ledger_is_refused_here_and_cannot_overwrite_output_from_elsewhere(
         kafka_broker, kafka_admin, tmp_path) -> None:
     """The ledger topic was deleted and recreated: it forgot the run, and its offsets (the
-    tokens) restart at 0. The run key runs again, but the token-checked sink refuses the
-    smaller token, so the published output is not lost."""
+    tokens) restart at 0. A host that holds a replay checkpoint of the old topic refuses to
+    claim (tokens would go backwards) and says what to do; a host without one (cache off, a
+    new container) runs the run key again, but the token-checked sink refuses the smaller
+    token, so the published output is not lost either way."""
     from neli_orchestrate import StaleTokenError
+    from neli_orchestrate.ledger import LedgerError
     from neli_orchestrate.spark import TokenCommitGuard
 
     namespace = f"bad{uuid.uuid4().hex[:8]}"
+    cache = tmp_path / "replay-cache"
     guard = TokenCommitGuard(tmp_path / "daily_table")
-    with _singleton(kafka_broker, namespace) as single:
+    with _singleton(kafka_broker, namespace, cache=cache) as single:
         topic = single.config.names.ledger_topic
         for key in ("2013-01-01", "2013-01-02", "2013-01-03"):
             with single.claim("daily", key):
@@ -59,7 +66,15 @@ def test_a_recreated_ledger_cannot_overwrite_output_published_under_a_larger_tok
     while topic in kafka_admin.list_topics(timeout=10).topics:
         assert time.monotonic() < deadline, f"{topic} was not deleted"
         time.sleep(0.2)
-    with _singleton(kafka_broker, namespace) as single, \
+
+    # This host's checkpoint remembers the old topic's tokens: no claim, a clear error.
+    with _singleton(kafka_broker, namespace, cache=cache) as single, \
+            pytest.raises(LedgerError, match="recreated or rewritten"):
+        with single.claim("daily", "2013-01-04"):
+            pytest.fail("a recreated ledger must not hand out a smaller token")
+
+    # A host with no checkpoint of the old topic: the sink is the last line.
+    with _singleton(kafka_broker, namespace, cache=None) as single, \
             single.claim("daily", "2013-01-04") as run:
         assert run.should_run, "the recreated ledger forgot the run"
         assert run.token is not None and run.token < first, "tokens went backwards"
