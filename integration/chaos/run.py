@@ -171,6 +171,17 @@ def kill_after_job(trial: Trial) -> Fault | None:
     return None
 
 
+def _wait_new_owner_running(world: Any, trial: Any, span: Any) -> None:
+    """Wait (up to 300 s) for another region's claim above ``span`` and for its Spark job to
+    start, so a zombie that is not fenced would run beside it."""
+    claim = trial.wait_claim(not_by=span.region, above=span.token or -1)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if any(s.token == claim.token for s in world.observer.running_jvms()):
+            return
+        time.sleep(0.2)
+
+
 def stop_past_session(trial: Trial) -> Fault | None:
     """SIGSTOP the running task (and its Spark job) past the session timeout; SIGCONT once the
     other region has claimed the run and started its own job."""
@@ -185,13 +196,7 @@ def stop_past_session(trial: Trial) -> Fault | None:
               detail=f"task pid {task_pid}")
     )
     try:
-        claim = trial.wait_claim(not_by=span.region, above=span.token or -1)
-        # let the new owner's job start, so a zombie that is not fenced would run beside it
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if any(s.token == claim.token for s in world.observer.running_jvms()):  # type: ignore[union-attr]
-                break
-            time.sleep(0.2)
+        _wait_new_owner_running(world, trial, span)
     finally:
         for pid in pids:
             with _quiet():
@@ -309,12 +314,7 @@ def network_cut(trial: Trial) -> Fault | None:
               detail=f"link {namespace.host_link} down")
     )
     try:
-        claim = trial.wait_claim(not_by=span.region, above=span.token or -1)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if any(s.token == claim.token for s in world.observer.running_jvms()):  # type: ignore[union-attr]
-                break
-            time.sleep(0.2)
+        _wait_new_owner_running(world, trial, span)
     finally:
         namespace.heal()
         fault.resumed_at = time.time()

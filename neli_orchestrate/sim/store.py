@@ -25,6 +25,21 @@ from neli_orchestrate.sim.broker import COMMITTED, DATA, Broker, Fenced
 from neli_orchestrate.sim.kernel import Proc, SimCrash
 
 
+def _stable_high_watermark(log: Any, role: str) -> int:
+    """The partition's high watermark, once no open transaction holds a replay below it.
+
+    A real replay would wait for the open transaction; here it ends in a timeout and the
+    caller retries, as it would after ``replay_timeout``.
+    """
+    high: int = log.high_watermark
+    if log.last_stable_offset < high:
+        raise KafkaUnavailableError(
+            f"replay of {role!r} blocked at offset {log.last_stable_offset} below the high"
+            f" watermark {high} by an open transaction"
+        )
+    return high
+
+
 class ReplayCache:
     """Folds each role's committed messages once; later replays continue where it stopped.
 
@@ -38,14 +53,7 @@ class ReplayCache:
 
     def replay(self, role: str, partition: int, *, fenced: bool) -> Replay:
         log = self.broker.logs[partition]
-        high = log.high_watermark
-        if log.last_stable_offset < high:
-            # A real replay would wait for the open transaction; it ends in a timeout here
-            # and the caller retries, as it would after replay_timeout.
-            raise KafkaUnavailableError(
-                f"replay of {role!r} blocked at offset {log.last_stable_offset} below the high"
-                f" watermark {high} by an open transaction"
-            )
+        high = _stable_high_watermark(log, role)
         builder, start = self._folds.get(role) or (ReplayBuilder(role), 0)
         for entry in log.entries[start:high]:
             if entry.kind == DATA and entry.status == COMMITTED:
@@ -75,12 +83,7 @@ class HostCache:
 
     def replay(self, role: str, partition: int, *, fenced: bool) -> Replay:
         log = self.broker.logs[partition]
-        high = log.high_watermark
-        if log.last_stable_offset < high:
-            raise KafkaUnavailableError(
-                f"replay of {role!r} blocked at offset {log.last_stable_offset} below the high"
-                f" watermark {high} by an open transaction"
-            )
+        high = _stable_high_watermark(log, role)
         now = self.broker.kernel.now / 1000
         checkpoint = self._checkpoints.get(role)
         builder, start = ReplayBuilder(role), 0
