@@ -280,7 +280,7 @@ def _ms(seconds: float) -> int:
     return max(1, int(round(seconds * 1000)))
 
 
-def _common(r: ResolvedConfig) -> dict[str, Any]:
+def _common(r: ResolvedConfig, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "bootstrap.servers": r.bootstrap_servers,
         "client.id": f"neli-{r.name}",
@@ -288,6 +288,7 @@ def _common(r: ResolvedConfig) -> dict[str, Any]:
         "socket.nagle.disable": True,
         "logger": librdkafka_log,
     }
+    settings.update(defaults or {})   # ours, but NeliConfig.kafka_config may override them
     settings.update(r.kafka_config)
     return settings
 
@@ -362,9 +363,18 @@ def watcher_settings(r: ResolvedConfig) -> dict[str, Any]:
     return settings
 
 
+# librdkafka drops its bootstrap connection once the first metadata response names the
+# cluster's brokers; a request caught in flight on it is retried on a new connection, which
+# librdkafka opens no sooner than reconnect.backoff.ms / 2 (at least 11 ms) after the client's
+# first one: 50 ms with the default 100 ms, on most member starts (seen in librdkafka's debug
+# log, "Not selecting any broker for cluster connection: still suppressed for 48ms"). The
+# admin client lives only for the start-up checks, so a short backoff costs nothing later.
+_ADMIN_RECONNECT_BACKOFF_MS = 10
+
+
 def admin_settings(r: ResolvedConfig) -> dict[str, Any]:
-    """The admin client's librdkafka settings for a resolved config."""
-    return _common(r)
+    """The admin client's librdkafka settings for a resolved config (start-up checks only)."""
+    return _common(r, {"reconnect.backoff.ms": _ADMIN_RECONNECT_BACKOFF_MS})
 
 
 # -- confluent-kafka implementation --------------------------------------------------------------
@@ -558,6 +568,7 @@ class _ConfluentAdmin:
         from confluent_kafka.admin import AdminClient
 
         self._servers = settings.get("bootstrap.servers")
+        self._brokers: list[int] = []   # broker ids from the last metadata response
         self._login = LoginRefusal()
         conf = dict(settings)
         conf.setdefault("error_cb", self._login)
@@ -591,6 +602,7 @@ class _ConfluentAdmin:
             metadata = self._admin.list_topics(topic=topic, timeout=timeout)
         except KafkaException as exc:
             raise self._unavailable(f"reading metadata of topic {topic!r}", exc) from exc
+        self._brokers = sorted(metadata.brokers)
         meta = metadata.topics.get(topic)
         if meta is None:
             return None
@@ -705,11 +717,13 @@ class _ConfluentAdmin:
             known = self._broker_configs.get(key)
         if known is not None:
             return known
-        try:
-            brokers = sorted(self._admin.list_topics(topic=topic, timeout=timeout).brokers)
-        except Exception:  # noqa: BLE001 - the topic checks report an unreachable cluster
-            log.debug("listing the brokers failed", exc_info=True)
-            return None
+        brokers = self._brokers   # the topic check's metadata named them: no second request
+        if not brokers:
+            try:
+                brokers = sorted(self._admin.list_topics(topic=topic, timeout=timeout).brokers)
+            except Exception:  # noqa: BLE001 - the topic checks report an unreachable cluster
+                log.debug("listing the brokers failed", exc_info=True)
+                return None
         if not brokers:
             return None
         settings = self._describe(ResourceType.BROKER, str(brokers[0]), timeout)

@@ -1,0 +1,268 @@
+"""Where a NELI member's start goes: construction of ``Neli`` to contending, phase by phase.
+
+Usage::
+
+    python integration/bench/member_start.py --trials 20               # starts a LocalKafka
+    python integration/bench/member_start.py --bootstrap 127.0.0.1:9092 --trials 20
+
+"Member start" is what ``integration/bench/peers.py`` reports: inside the member process,
+from constructing the client (``NeliConfig`` and ``Neli``) until it contends (``Neli``
+returned: checks done, clients created, subscribed); imports are excluded. Every trial is a
+new process, as in ``peers.py`` (a member is created per claim, and per-process caches start
+empty). Each variant (classic / KIP-848, ``default`` / ``fast`` profile, ``session_timeout=3``
+as in ``peers.py``) has its own group; a first, uncounted member per variant creates the
+leader topic and writes the KIP-848 group settings, so the trials measure the steady state a
+member meets on a running deployment (its cold start is reported separately). Trials are
+interleaved: each round starts one member of every variant in a shuffled order.
+
+Inside the member every start-up step is timed where the library calls Kafka (admin calls,
+client constructors, subscribe): each phase is reported with its start (ms after the
+construction began) and its duration, p50 over the trials. Phases that overlap ran
+concurrently. The member is closed after the measurement; anything it writes to stderr
+(raw librdkafka output, a leaked handle) is counted.
+
+Writes ``integration/bench/results/member_start.json`` (every sample) and ``.md`` (tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TIMEOUT = 3.0          # session timeout of every variant, as in peers.py
+VARIANTS = ["classic-default", "consumer-default", "classic-fast", "consumer-fast"]
+LABELS = {"classic-default": "NELI classic default", "consumer-default": "NELI KIP-848 default",
+          "classic-fast": "NELI classic fast", "consumer-fast": "NELI KIP-848 fast"}
+
+# (where, attribute, phase label): the library's calls into Kafka during start. Attributes
+# missing in the code under test (another version of the library) are skipped.
+PROBES = [
+    ("neli_orchestrate.core.kafka:ConfluentKafka", "admin", "admin client"),
+    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "partition_count", "topic metadata"),
+    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "create_topic", "topic create"),
+    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "topic_config", "topic config"),
+    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "broker_config", "broker config"),
+    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "group_config", "group config read"),
+    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "alter_group_config", "group config write"),
+    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "close", "admin close"),
+    ("neli_orchestrate.core.kafka:ConfluentKafka", "producer", "producer"),
+    ("neli_orchestrate.core.kafka:ConfluentKafka", "consumer", "consumer"),
+    ("neli_orchestrate.core.kafka:ConfluentKafka", "watcher", "watcher"),
+    ("neli_orchestrate.core.kafka:_ConfluentConsumer", "subscribe", "subscribe"),
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+# -- the member process ------------------------------------------------------------------------
+
+def child(settings: dict[str, Any]) -> None:
+    import importlib
+    import logging
+    import threading
+
+    logging.basicConfig(level=logging.WARNING, format="%(created).4f %(threadName)s %(message)s")
+    # Imports are not part of "start" (as in peers.py): the library imports its Kafka client
+    # lazily, so import it here, and the library modules too.
+    import confluent_kafka  # noqa: F401
+    import confluent_kafka.admin  # noqa: F401
+
+    from neli_orchestrate.core import Neli, NeliConfig
+
+    spans: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    origin = [0.0]
+
+    def probe(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            begin = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end = time.perf_counter()
+                with lock:
+                    spans.append({"phase": label, "start_ms": (begin - origin[0]) * 1000,
+                                  "ms": (end - begin) * 1000,
+                                  "thread": threading.current_thread().name})
+        return timed
+
+    for where, attr, label in PROBES:
+        module_name, cls_name = where.split(":")
+        cls = getattr(importlib.import_module(module_name), cls_name, None)
+        if cls is not None and hasattr(cls, attr):
+            setattr(cls, attr, probe(getattr(cls, attr), label))
+
+    origin[0] = time.perf_counter()
+    config = NeliConfig(**settings)
+    neli = Neli(config)
+    total = (time.perf_counter() - origin[0]) * 1000
+    protocol = neli.resolved.group_protocol
+    with lock:
+        measured = [s for s in spans if s["start_ms"] <= total]
+    neli.close()
+    print(json.dumps({"total_ms": total, "spans": measured, "protocol": protocol}), flush=True)
+
+
+# -- the driver --------------------------------------------------------------------------------
+
+def start_member(settings: dict[str, Any]) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(settings)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"member failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    result["stderr_lines"] = len(proc.stderr.splitlines())
+    if proc.stderr.strip():
+        result["stderr_tail"] = proc.stderr[-500:]
+    return result
+
+
+def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    totals = [s["total_ms"] for s in samples]
+    phases: dict[str, dict[str, list[float]]] = {}
+    for s in samples:
+        seen: dict[str, dict[str, float]] = {}
+        for span in s["spans"]:
+            # a phase that runs more than once in one start (e.g. a metadata retry): its first
+            # start and its summed duration
+            entry = seen.setdefault(span["phase"], {"start_ms": span["start_ms"], "ms": 0.0})
+            entry["ms"] += span["ms"]
+        for phase, entry in seen.items():
+            stat = phases.setdefault(phase, {"start_ms": [], "ms": []})
+            stat["start_ms"].append(entry["start_ms"])
+            stat["ms"].append(entry["ms"])
+    return {
+        "n": len(samples),
+        "p50_ms": round(statistics.median(totals), 1),
+        "p90_ms": round(percentile(totals, 0.9), 1),
+        "min_ms": round(min(totals), 1),
+        "phases": {phase: {"n": len(v["ms"]),
+                           "start_p50_ms": round(statistics.median(v["start_ms"]), 1),
+                           "p50_ms": round(statistics.median(v["ms"]), 1)}
+                   for phase, v in sorted(phases.items(),
+                                          key=lambda kv: statistics.median(kv[1]["start_ms"]))},
+        "stderr_lines": sum(s["stderr_lines"] for s in samples),
+    }
+
+
+def run(bootstrap: str, trials: int, variants: list[str]) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:6]
+    settings = {}
+    for v in variants:
+        protocol, profile = v.split("-")
+        settings[v] = {"bootstrap_servers": bootstrap, "group_id": f"start.{tag}.{v}",
+                       "group_protocol": protocol, "profile": profile,
+                       "session_timeout": TIMEOUT, "name": f"start-{v}"}
+    cold = {v: start_member(settings[v]) for v in variants}
+    samples: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    loads = [os.getloadavg()[0]]
+    order = list(variants)
+    for i in range(trials):
+        random.shuffle(order)
+        for v in order:
+            samples[v].append(start_member(settings[v]))
+        loads.append(os.getloadavg()[0])
+        print(f"round {i + 1}/{trials}: " + ", ".join(
+            f"{v} {samples[v][-1]['total_ms']:.1f} ms" for v in variants), flush=True)
+    return {"variants": {v: {"summary": summarise(samples[v]), "cold_start_ms":
+                             round(cold[v]["total_ms"], 1), "samples": samples[v]}
+                         for v in variants},
+            "load_avg_1min": {"min": min(loads), "mean": statistics.mean(loads),
+                              "max": max(loads), "samples": loads}}
+
+
+def table(data: dict[str, Any]) -> str:
+    variants = list(data["variants"])
+    head = "| | " + " | ".join(LABELS.get(v, v) for v in variants) + " |"
+    rows = [head, "|---|" + "---|" * len(variants)]
+    summaries = {v: data["variants"][v]["summary"] for v in variants}
+    rows.append("| **member start p50** | " + " | ".join(
+        f"**{summaries[v]['p50_ms']} ms**" for v in variants) + " |")
+    rows.append("| member start p90 / min | " + " | ".join(
+        f"{summaries[v]['p90_ms']} / {summaries[v]['min_ms']} ms" for v in variants) + " |")
+    rows.append("| first member (creates topic, writes group settings) | " + " | ".join(
+        f"{data['variants'][v]['cold_start_ms']} ms" for v in variants) + " |")
+    phases: list[str] = []
+    for v in variants:
+        for phase in summaries[v]["phases"]:
+            if phase not in phases:
+                phases.append(phase)
+    for phase in phases:
+        cells = []
+        for v in variants:
+            p, n = summaries[v]["phases"].get(phase), summaries[v]["n"]
+            cells.append("–" if p is None else
+                         f"{p['p50_ms']} ms at +{p['start_p50_ms']}"
+                         + ("" if p["n"] == n else f" (in {p['n']}/{n})"))
+        rows.append(f"| {phase} | " + " | ".join(cells) + " |")
+    rows.append("| stderr lines (all trials) | " + " | ".join(
+        str(summaries[v]["stderr_lines"]) for v in variants) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child(json.loads(sys.argv[2]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", help="existing cluster (default: start a LocalKafka)")
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="directory for member_start.json and .md")
+    args = parser.parse_args()
+    kafka = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        from neli_orchestrate.testing import LocalKafka
+
+        kafka = LocalKafka().start()
+        bootstrap = kafka.bootstrap_servers
+    try:
+        data = run(bootstrap, args.trials, args.variants)
+    finally:
+        if kafka is not None:
+            kafka.stop()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    command = ("python integration/bench/member_start.py --trials "
+               f"{args.trials}" + ("" if args.variants == VARIANTS else
+                                   " --variants " + " ".join(args.variants)))
+    data["meta"] = {"machine": platform.platform(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "commit": commit,
+                    "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "command": command, "load_avg": os.getloadavg(),
+                    "session_timeout": TIMEOUT}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "member_start.json").write_text(json.dumps(data, indent=2))
+    load = data["load_avg_1min"]
+    text = table(data)
+    (args.out / "member_start.md").write_text(
+        f"# Member start, phase by phase\n\n`{command}` at commit {commit}"
+        f" ({data['meta']['when']}); {os.cpu_count()} cores, load average (1 min) min"
+        f" {load['min']:.1f} / mean {load['mean']:.1f} / max {load['max']:.1f}.\n\n"
+        "Each phase: p50 duration, and p50 start in ms after construction began (phases"
+        " that overlap ran concurrently).\n\n" + text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
