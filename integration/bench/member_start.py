@@ -121,10 +121,12 @@ def child(settings: dict[str, Any]) -> None:
 
 # -- the driver --------------------------------------------------------------------------------
 
-def start_member(settings: dict[str, Any]) -> dict[str, Any]:
+def start_member(settings: dict[str, Any], code: Path | None) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(settings)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          capture_output=True, text=True, timeout=120, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"member failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -163,59 +165,78 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run(bootstrap: str, trials: int, variants: list[str]) -> dict[str, Any]:
+def run(bootstrap: str, trials: int, variants: list[str],
+        codes: dict[str, Path | None]) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
+    cells = [(code, v) for code in codes for v in variants]
     settings = {}
-    for v in variants:
+    for code, v in cells:
         protocol, profile = v.split("-")
-        settings[v] = {"bootstrap_servers": bootstrap, "group_id": f"start.{tag}.{v}",
-                       "group_protocol": protocol, "profile": profile,
-                       "session_timeout": TIMEOUT, "name": f"start-{v}"}
-    cold = {v: start_member(settings[v]) for v in variants}
-    samples: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        settings[code, v] = {"bootstrap_servers": bootstrap, "group_protocol": protocol,
+                             "group_id": f"start.{tag}.{len(settings)}.{v}",
+                             "profile": profile, "session_timeout": TIMEOUT,
+                             "name": f"start-{v}"}
+    cold = {cell: start_member(settings[cell], codes[cell[0]]) for cell in cells}
+    samples: dict[tuple[str, str], list[dict[str, Any]]] = {cell: [] for cell in cells}
     loads = [os.getloadavg()[0]]
-    order = list(variants)
+    order = list(cells)
     for i in range(trials):
         random.shuffle(order)
-        for v in order:
-            samples[v].append(start_member(settings[v]))
+        for cell in order:
+            samples[cell].append(start_member(settings[cell], codes[cell[0]]))
         loads.append(os.getloadavg()[0])
         print(f"round {i + 1}/{trials}: " + ", ".join(
-            f"{v} {samples[v][-1]['total_ms']:.1f} ms" for v in variants), flush=True)
-    return {"variants": {v: {"summary": summarise(samples[v]), "cold_start_ms":
-                             round(cold[v]["total_ms"], 1), "samples": samples[v]}
-                         for v in variants},
+            f"{'/'.join(cell)} {samples[cell][-1]['total_ms']:.1f} ms" for cell in cells),
+            flush=True)
+    return {"code": {code: str(path or "this checkout") for code, path in codes.items()},
+            "runs": {code: {v: {"summary": summarise(samples[code, v]),
+                                "cold_start_ms": round(cold[code, v]["total_ms"], 1),
+                                "samples": samples[code, v]} for v in variants}
+                     for code in codes},
             "load_avg_1min": {"min": min(loads), "mean": statistics.mean(loads),
                               "max": max(loads), "samples": loads}}
 
 
 def table(data: dict[str, Any]) -> str:
-    variants = list(data["variants"])
+    codes = list(data["runs"])
+    variants = list(data["runs"][codes[0]])
     head = "| | " + " | ".join(LABELS.get(v, v) for v in variants) + " |"
-    rows = [head, "|---|" + "---|" * len(variants)]
-    summaries = {v: data["variants"][v]["summary"] for v in variants}
-    rows.append("| **member start p50** | " + " | ".join(
-        f"**{summaries[v]['p50_ms']} ms**" for v in variants) + " |")
-    rows.append("| member start p90 / min | " + " | ".join(
-        f"{summaries[v]['p90_ms']} / {summaries[v]['min_ms']} ms" for v in variants) + " |")
-    rows.append("| first member (creates topic, writes group settings) | " + " | ".join(
-        f"{data['variants'][v]['cold_start_ms']} ms" for v in variants) + " |")
-    phases: list[str] = []
-    for v in variants:
-        for phase in summaries[v]["phases"]:
-            if phase not in phases:
-                phases.append(phase)
-    for phase in phases:
-        cells = []
+    rule = "|---|" + "---|" * len(variants)
+    out = []
+    if len(codes) > 1:
+        rows = [head.replace("| |", "| member start p50 (p90) |", 1), rule]
+        for code in codes:
+            rows.append(f"| {code} | " + " | ".join(
+                "{p50_ms} ms ({p90_ms})".format(**data["runs"][code][v]["summary"])
+                for v in variants) + " |")
+        out.append("\n".join(rows) + "\n")
+    for code in codes:
+        runs = data["runs"][code]
+        summaries = {v: runs[v]["summary"] for v in variants}
+        rows = [head if len(codes) == 1 else head.replace("| |", f"| {code} |", 1), rule]
+        rows.append("| **member start p50** | " + " | ".join(
+            f"**{summaries[v]['p50_ms']} ms**" for v in variants) + " |")
+        rows.append("| member start p90 / min | " + " | ".join(
+            f"{summaries[v]['p90_ms']} / {summaries[v]['min_ms']} ms" for v in variants) + " |")
+        rows.append("| first member (creates topic, writes group settings) | " + " | ".join(
+            f"{runs[v]['cold_start_ms']} ms" for v in variants) + " |")
+        phases: list[str] = []
         for v in variants:
-            p, n = summaries[v]["phases"].get(phase), summaries[v]["n"]
-            cells.append("–" if p is None else
-                         f"{p['p50_ms']} ms at +{p['start_p50_ms']}"
-                         + ("" if p["n"] == n else f" (in {p['n']}/{n})"))
-        rows.append(f"| {phase} | " + " | ".join(cells) + " |")
-    rows.append("| stderr lines (all trials) | " + " | ".join(
-        str(summaries[v]["stderr_lines"]) for v in variants) + " |")
-    return "\n".join(rows) + "\n"
+            for phase in summaries[v]["phases"]:
+                if phase not in phases:
+                    phases.append(phase)
+        for phase in phases:
+            cells = []
+            for v in variants:
+                p, n = summaries[v]["phases"].get(phase), summaries[v]["n"]
+                cells.append("–" if p is None else
+                             f"{p['p50_ms']} ms at +{p['start_p50_ms']}"
+                             + ("" if p["n"] == n else f" (in {p['n']}/{n})"))
+            rows.append(f"| {phase} | " + " | ".join(cells) + " |")
+        rows.append("| stderr lines (all trials) | " + " | ".join(
+            str(summaries[v]["stderr_lines"]) for v in variants) + " |")
+        out.append("\n".join(rows) + "\n")
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -228,7 +249,14 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="directory for member_start.json and .md")
+    parser.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
+                        help="also time the library found in DIR (e.g. `git archive <commit> "
+                             "neli_orchestrate | tar -x -C DIR`), interleaved; repeatable")
     args = parser.parse_args()
+    codes: dict[str, Path | None] = {"this checkout": None}
+    for item in args.code:
+        name, _, path = item.partition("=")
+        codes[name] = Path(path).resolve()
     kafka = None
     bootstrap = args.bootstrap
     if bootstrap is None:
@@ -237,15 +265,15 @@ def main() -> None:
         kafka = LocalKafka().start()
         bootstrap = kafka.bootstrap_servers
     try:
-        data = run(bootstrap, args.trials, args.variants)
+        data = run(bootstrap, args.trials, args.variants, codes)
     finally:
         if kafka is not None:
             kafka.stop()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()
-    command = ("python integration/bench/member_start.py --trials "
-               f"{args.trials}" + ("" if args.variants == VARIANTS else
-                                   " --variants " + " ".join(args.variants)))
+    command = " ".join(["python integration/bench/member_start.py", f"--trials {args.trials}"]
+                       + ([] if args.variants == VARIANTS else ["--variants", *args.variants])
+                       + [f"--code {item}" for item in args.code])
     data["meta"] = {"machine": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "commit": commit,
                     "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -67,7 +67,7 @@ from neli_orchestrate.core.kafka import (
 from neli_orchestrate.core.pulser import Pulser
 from neli_orchestrate.core.roles import Role
 from neli_orchestrate.core.state import LeadershipState
-from neli_orchestrate.core.topic import prepare_group, prepare_leader_topic, resolve_protocol
+from neli_orchestrate.core.topic import check_at_broker
 from neli_orchestrate.errors import (
     AuthorizationError,
     ConfigError,
@@ -246,9 +246,8 @@ class Neli:
                 f"{exc}"
             ) from exc
         try:
-            self._partitions = prepare_leader_topic(admin, r)
-            r = self._r = resolve_protocol(admin.broker_config(r.topic, r.request_timeout), r)
-            prepare_group(admin, r)
+            self._partitions, r = check_at_broker(admin, r)
+            self._r = r
         finally:
             admin.close()
 

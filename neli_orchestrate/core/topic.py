@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Mapping
 
@@ -20,7 +21,7 @@ from neli_orchestrate.errors import (
     TopicMismatchError,
 )
 
-__all__ = ["GROUP_HEARTBEAT_KEY", "GROUP_SESSION_KEY", "check_session_limits",
+__all__ = ["GROUP_HEARTBEAT_KEY", "GROUP_SESSION_KEY", "check_at_broker", "check_session_limits",
            "choose_group_protocol", "prepare_group", "prepare_leader_topic", "resolve_protocol"]
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,60 @@ GROUP_HEARTBEAT_KEY = "consumer.heartbeat.interval.ms"
 # Heartbeats are worthless after seconds; keep the leader topic small.
 DEFAULT_TOPIC_CONFIG = {"retention.ms": "3600000", "segment.ms": "3600000",
                         "cleanup.policy": "delete"}
+
+
+_UNREAD: Mapping[str, str] = {}   # marker: not read (yet)
+
+
+class _EarlyGroupRead:
+    """Reads a group's settings on a thread while the caller checks the topic and the broker."""
+
+    def __init__(self, admin: LeaderTopicAdmin, r: ResolvedConfig) -> None:
+        self._admin, self._r = admin, r
+        self.value: Mapping[str, str] | None = _UNREAD
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"neli-start-{r.group_id}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.value = self._admin.group_config(self._r.group_id, self._r.request_timeout)
+        except Exception:  # noqa: BLE001 - prepare_group reads again and reports what fails
+            log.debug("reading the settings of group %r early failed", self._r.group_id,
+                      exc_info=True)
+
+    def result(self) -> Mapping[str, str] | None:
+        """The settings read, None if not readable, ``_UNREAD`` if the read failed."""
+        self.join()
+        return self.value
+
+    def join(self) -> None:
+        # bounded like the read itself (the admin call times out after request_timeout)
+        self._thread.join(self._r.request_timeout + 10)
+
+
+def check_at_broker(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[int, ResolvedConfig]:
+    """Every start-up check at the broker; return the partition count and ``r`` with the group
+    protocol chosen.
+
+    In order: the leader topic (:func:`prepare_leader_topic`), the group protocol and the
+    broker's session limits (:func:`resolve_protocol`), the KIP-848 group settings
+    (:func:`prepare_group`). Each raises as it does alone, and the caller creates the consumer
+    (joins the group) only after all of them passed. One read starts early: when the protocol
+    may be KIP-848, the group's settings are read on a thread while the topic is checked, so
+    that round trip overlaps the others (measured in ``integration/bench/member_start.py``).
+    The group's settings are still written, if at all, after the topic and broker checks.
+    """
+    early = _EarlyGroupRead(admin, r) if r.group_protocol != "classic" else None
+    try:
+        partitions = prepare_leader_topic(admin, r)
+        r = resolve_protocol(admin.broker_config(r.topic, r.request_timeout), r)
+        if r.group_protocol == "consumer":
+            prepare_group(admin, r, current=early.result() if early is not None else _UNREAD)
+    finally:
+        if early is not None:
+            early.join()   # no request left running on the admin client the caller closes
+    return partitions, r
 
 
 def prepare_leader_topic(admin: LeaderTopicAdmin, r: ResolvedConfig) -> int:
@@ -85,7 +140,8 @@ def prepare_leader_topic(admin: LeaderTopicAdmin, r: ResolvedConfig) -> int:
     return count
 
 
-def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, float] | None:
+def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig,
+                  current: Mapping[str, str] | None = _UNREAD) -> tuple[float, float] | None:
     """For KIP-848 groups, apply (or read) the broker-side session and heartbeat settings.
 
     With ``group.protocol=consumer`` the session timeout and heartbeat interval are group
@@ -94,6 +150,7 @@ def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, fl
     reads back the effective values and checks them against ``heartbeat_timeout``: a broker
     whose session is shorter than the lease would break exclusivity, so that is a ConfigError.
     Returns the effective (session_timeout, heartbeat_interval) in seconds, or None if unknown.
+    ``current``: the group's settings if the caller has read them already.
     """
     if r.group_protocol != "consumer":
         return None
@@ -102,7 +159,8 @@ def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[float, fl
         GROUP_HEARTBEAT_KEY: str(max(1, round(r.group_heartbeat_interval * 1000))),
     }
     applied = False
-    current = admin.group_config(r.group_id, r.request_timeout)
+    if current is _UNREAD:
+        current = admin.group_config(r.group_id, r.request_timeout)
     # Every member of the group writes the same values: only the first needs to. Reading is
     # one round trip to a broker; a change goes through the controller (slower start).
     already = current is not None and bool(current) and all(

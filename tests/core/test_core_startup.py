@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
+import uuid
+from typing import Any
 
 import pytest
-from core_fakes import FakeClients, FakeCluster
+from core_fakes import FakeAdmin, FakeClients, FakeCluster
 
 from neli_orchestrate.core import FakeClock, Neli, NeliConfig
 from neli_orchestrate.core.topic import choose_group_protocol
@@ -188,3 +191,93 @@ def test_a_config_the_kafka_client_rejects_is_a_config_error() -> None:
 def test_unreachable_real_broker_fails_fast_with_the_address() -> None:
     with pytest.raises(KafkaUnavailableError, match="127.0.0.1:1"):
         Neli(config(bootstrap_servers="127.0.0.1:1", request_timeout=1.0))
+
+
+def test_the_admin_client_reconnects_after_10_ms_unless_kafka_config_says_otherwise() -> None:
+    # librdkafka drops the bootstrap connection once it knows the brokers; a start-up request
+    # caught on it waits reconnect.backoff.ms / 2 for a new one (50 ms by default)
+    cluster = FakeCluster(clock=FakeClock())
+    clients = FakeClients(cluster)
+    Neli(config(), clock=cluster.clock, kafka=clients)
+    assert clients.admin_settings["reconnect.backoff.ms"] == 10
+    assert "reconnect.backoff.ms" not in cluster.consumer.settings   # long-lived clients: as is
+    assert "reconnect.backoff.ms" not in cluster.producer.settings
+    Neli(config(kafka_config={"reconnect.backoff.ms": 250}), clock=cluster.clock, kafka=clients)
+    assert clients.admin_settings["reconnect.backoff.ms"] == 250
+
+# -- a failing check stops the member before it joins (the checks overlap one read) -------------
+
+SHORT_GROUP_SESSION = {"consumer.session.timeout.ms": "300",
+                       "consumer.heartbeat.interval.ms": "50"}
+FAILING_CHECKS: dict[str, tuple[dict[str, Any], dict[str, Any], type[Exception], str]] = {
+    # name: (cluster, member settings, error, message)
+    "partition count differs": ({"partitions": 2}, {"partitions": 3}, TopicMismatchError,
+                                r"has 2 partition\(s\) but NeliConfig.partitions=3"),
+    "topic missing, creation off": ({"topic_exists": False}, {"create_topic": False},
+                                    TopicMismatchError, "does not exist"),
+    "broker refuses the session": (
+        {"broker_settings": {**KIP_848_BROKER, "group.min.session.timeout.ms": "6000"}}, {},
+        SessionTimeoutRejectedError, "the broker refuses"),
+    "group session shorter than the lease": (
+        {"deny_group_alter": True, "group_settings": SHORT_GROUP_SESSION}, {}, ConfigError,
+        "heartbeat_timeout"),
+}
+
+
+@pytest.mark.parametrize(("case", "protocol"), [
+    (case, protocol) for case in FAILING_CHECKS for protocol in ("consumer", "auto", "classic")
+    if case != "group session shorter than the lease" or protocol == "consumer"])
+def test_a_failing_start_check_raises_before_the_member_joins_the_group(
+        case: str, protocol: str) -> None:
+    cluster_settings, settings, error, message = FAILING_CHECKS[case]
+    cluster = FakeCluster(clock=FakeClock(), **cluster_settings)
+    events: list[object] = []
+    with pytest.raises(error, match=message):
+        Neli(config(group_protocol=protocol, **settings), barrier=events.append,
+             clock=cluster.clock, kafka=FakeClients(cluster))
+    # never subscribed, so never assigned and never a leader; no client left open
+    assert (cluster.consumers, cluster.producers, cluster.watchers, events) == ([], [], [], [])
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("neli-start-")]
+
+
+def test_a_failing_topic_check_closes_the_admin_only_after_the_early_group_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # KIP-848: the group's settings are read on a thread while the topic is checked. When the
+    # topic check fails, the admin client must not be closed under that read.
+    trace: list[str] = []
+    closed = threading.Event()
+
+    def group_config(self: FakeAdmin, group_id: str, timeout: float) -> object:
+        closed.wait(0.2)   # still reading when the topic check fails
+        trace.append("group read returned")
+        return self.cluster.group_settings
+
+    def close(self: FakeAdmin) -> None:
+        trace.append("admin closed")
+        closed.set()
+
+    monkeypatch.setattr(FakeAdmin, "group_config", group_config)
+    monkeypatch.setattr(FakeAdmin, "close", close)
+    cluster = FakeCluster(clock=FakeClock(), partitions=2)
+    with pytest.raises(TopicMismatchError):
+        start(cluster, partitions=3, group_protocol="consumer")
+    assert trace == ["group read returned", "admin closed"]
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_real_member_on_a_topic_with_other_partitions_fails_at_start_and_never_joins(
+        protocol: str, kafka_broker: str, kafka_admin: Any, new_topic: Any,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    topic = new_topic(partitions=2)
+    group = f"start.{uuid.uuid4().hex[:10]}"
+    events: list[object] = []
+    with pytest.raises(TopicMismatchError, match=r"has 2 partition\(s\)"):
+        Neli(NeliConfig(bootstrap_servers=kafka_broker, group_id=group, topic=topic,
+                        partitions=3, profile="fast", group_protocol=protocol),
+             barrier=events.append)
+    assert events == []
+    groups = kafka_admin.list_consumer_groups(request_timeout=10).result()
+    assert group not in {g.group_id for g in groups.valid}
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("neli-start-")]
+    assert capfd.readouterr().err == ""   # no raw librdkafka output
