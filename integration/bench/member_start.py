@@ -4,6 +4,9 @@ Usage::
 
     python integration/bench/member_start.py --trials 20               # starts a LocalKafka
     python integration/bench/member_start.py --bootstrap 127.0.0.1:9092 --trials 20
+    # side by side with another version of the library, interleaved in the same run:
+    git archive f1c9a3f neli_orchestrate | (mkdir -p /tmp/start-base && tar -x -C /tmp/start-base)
+    python integration/bench/member_start.py --trials 20 --code base-f1c9a3f=/tmp/start-base
 
 "Member start" is what ``integration/bench/peers.py`` reports: inside the member process,
 from constructing the client (``NeliConfig`` and ``Neli``) until it contends (``Neli``
