@@ -88,7 +88,7 @@ def child(settings: dict[str, Any]) -> None:
 
     from neli_orchestrate.core import Neli, NeliConfig
 
-    spans: list[dict[str, Any]] = []
+    spans: list[list[Any]] = []
     lock = threading.Lock()
     origin = [0.0]
 
@@ -99,10 +99,9 @@ def child(settings: dict[str, Any]) -> None:
                 return fn(*args, **kwargs)
             finally:
                 end = time.perf_counter()
-                with lock:
-                    spans.append({"phase": label, "start_ms": (begin - origin[0]) * 1000,
-                                  "ms": (end - begin) * 1000,
-                                  "thread": threading.current_thread().name})
+                with lock:   # [phase, start ms after construction began, duration ms]
+                    spans.append([label, (begin - origin[0]) * 1000,
+                                  (end - begin) * 1000])
         return timed
 
     for where, attr, label in PROBES:
@@ -117,9 +116,10 @@ def child(settings: dict[str, Any]) -> None:
     total = (time.perf_counter() - origin[0]) * 1000
     protocol = neli.resolved.group_protocol
     with lock:
-        measured = [s for s in spans if s["start_ms"] <= total]
+        measured = [s for s in spans if s[1] <= total]
     neli.close()
-    print(json.dumps({"total_ms": total, "spans": measured, "protocol": protocol}), flush=True)
+    print(json.dumps({"total_ms": total, "spans": measured, "protocol": protocol}),
+          flush=True)
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -145,11 +145,11 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
     phases: dict[str, dict[str, list[float]]] = {}
     for s in samples:
         seen: dict[str, dict[str, float]] = {}
-        for span in s["spans"]:
+        for phase, start_ms, ms in s["spans"]:
             # a phase that runs more than once in one start (e.g. a metadata retry): its first
             # start and its summed duration
-            entry = seen.setdefault(span["phase"], {"start_ms": span["start_ms"], "ms": 0.0})
-            entry["ms"] += span["ms"]
+            entry = seen.setdefault(phase, {"start_ms": start_ms, "ms": 0.0})
+            entry["ms"] += ms
         for phase, entry in seen.items():
             stat = phases.setdefault(phase, {"start_ms": [], "ms": []})
             stat["start_ms"].append(entry["start_ms"])
@@ -283,7 +283,7 @@ def main() -> None:
                     "command": command, "load_avg": os.getloadavg(),
                     "session_timeout": TIMEOUT}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "member_start.json").write_text(json.dumps(data, indent=2))
+    (args.out / "member_start.json").write_text(json.dumps(data, indent=1))
     load = data["load_avg_1min"]
     text = table(data)
     (args.out / "member_start.md").write_text(
