@@ -236,8 +236,8 @@ class Services:
             else:
                 # the chaos suite's broker for regions in namespaces: clients' listener on
                 # BROKER_ADDRESS, controller on loopback
-                from neli_orchestrate.demo.world import _HostKafka
-                kafka = _HostKafka()
+                from neli_orchestrate.demo.netns import host_kafka
+                kafka = host_kafka()
             # a generous deadline: the JVM starts slowly on a busy two-core machine
             self.kafka = kafka.start(timeout=300)
             self.bootstrap = self.kafka.bootstrap_servers
