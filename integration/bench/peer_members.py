@@ -148,28 +148,49 @@ def etcd_member(s: dict[str, Any]) -> None:
     stop = threading.Event()
     leading = threading.Event()
     leader_key: dict[str, Any] = {}
+    ttl = int(s["ttl"])
+    # etcd's Go client (clientv3 lease.go) takes a keep-alive answer's arrival + TTL as the
+    # lease's deadline, and its deadlineLoop closes the keep-alive channel once a second
+    # tick finds that deadline passed; concurrency.Session is Done then.
+    lease_deadline = [time.time() + ttl]
+    ended = threading.Lock()
+
+    def end(reason: str) -> None:
+        with ended:
+            if leading.is_set():
+                leading.clear()
+                emit("fenced", reason=reason)
+            stop.set()
 
     def keepalive() -> None:
-        conn = http.client.HTTPConnection(host, int(port), timeout=60)
-        while not stop.wait(s["ttl"] / 3):
+        conn = http.client.HTTPConnection(host, int(port), timeout=ttl)
+        while not stop.wait(ttl / 3):
             try:
                 result = call(conn, "/v3/lease/keepalive", {"ID": lease}).get("result", {})
-                alive = int(result.get("TTL", 0)) > 0
             except (OSError, ValueError, http.client.HTTPException):
-                alive = False
-                conn = http.client.HTTPConnection(host, int(port), timeout=60)
-            if not alive:
-                # what etcd's concurrency.Session does: the session is over when keepalive fails
-                if leading.is_set():
-                    leading.clear()
-                    emit("fenced", reason="lease-lost")
-                stop.set()
+                # the Go client retries the stream; deadline_loop decides when the lease is over
+                conn.close()
+                conn = http.client.HTTPConnection(host, int(port), timeout=ttl)
+                continue
+            left = int(result.get("TTL", 0))
+            if left <= 0:
+                end("lease-lost")       # the Go client: a TTL <= 0 answer ends the session
+                return
+            lease_deadline[0] = time.time() + left
+
+    def deadline_loop() -> None:
+        while not stop.wait(1.0):
+            if time.time() > lease_deadline[0]:
+                end("keepalive-deadline")
 
     threading.Thread(target=keepalive, daemon=True).start()
+    threading.Thread(target=deadline_loop, daemon=True).start()
 
     def release() -> None:
-        if leading.is_set() and leader_key:
+        with ended:
+            resign = leading.is_set() and bool(leader_key)
             leading.clear()
+        if resign:
             call(control, "/v3/election/resign", {"leader": leader_key})
         stop.set()
 
@@ -177,10 +198,11 @@ def etcd_member(s: dict[str, Any]) -> None:
     campaign = http.client.HTTPConnection(host, int(port), timeout=3600)
     answer = call(campaign, "/v3/election/campaign",
                   {"name": b64(s["election"]), "lease": lease, "value": b64(s["name"])})
-    if "leader" in answer and not stop.is_set():
-        leader_key.update(answer["leader"])
-        leading.set()
-        emit("acquired")
+    with ended:
+        if "leader" in answer and not stop.is_set():
+            leader_key.update(answer["leader"])
+            leading.set()
+            emit("acquired")
     stop.wait()
     try:
         call(control, "/v3/lease/revoke", {"ID": lease})
@@ -208,7 +230,6 @@ def pg_lease_member(s: dict[str, Any]) -> None:
     conn.execute("LISTEN neli_lease_released")
     emit("ready", start_s=time.time() - begin)
     ttl = s["ttl"]
-    stop = threading.Event()
     release_now = threading.Event()
     on_release(release_now.set)
     params = {"name": s["lease"], "holder": s["name"], "ttl": ttl}
@@ -225,23 +246,44 @@ def pg_lease_member(s: dict[str, Any]) -> None:
         deadline = try_acquire()
     if deadline is not None:
         emit("acquired")
-        # leader: renew every ttl/3; the lease ends by its own clock if renewals stop working
-        while not stop.is_set():
-            if release_now.wait(max(0.0, min(ttl / 3, deadline - time.time()))):
+        lease = {"deadline": deadline}
+        over = threading.Event()    # leadership has ended: fenced or released
+        ended = threading.Lock()
+
+        def end(t: float, reason: str) -> None:
+            with ended:
+                if not over.is_set():
+                    over.set()
+                    emit("fenced", t, reason=reason)
+
+        def watchdog() -> None:
+            # A renewal can hang (a cut network: the query waits for TCP to give up): the
+            # lease still ends by the member's own clock.
+            while not over.wait(max(0.0, lease["deadline"] - time.time())):
+                if time.time() >= lease["deadline"]:
+                    end(lease["deadline"], "lease-expired")
+
+        threading.Thread(target=watchdog, daemon=True).start()
+        # leader: renew every ttl/3
+        while not over.is_set():
+            if release_now.wait(max(0.0, min(ttl / 3, lease["deadline"] - time.time()))):
+                with ended:
+                    if over.is_set():
+                        break
+                    over.set()
                 with conn.transaction():
                     conn.execute("UPDATE neli_lease SET expires_at = '-infinity' "
                                  "WHERE name = %(name)s AND holder = %(holder)s", params)
                     conn.execute("NOTIFY neli_lease_released")
                 break
-            if time.time() >= deadline:
-                emit("fenced", deadline, reason="lease-expired")
+            if time.time() >= lease["deadline"]:
+                end(lease["deadline"], "lease-expired")
                 break
             renewed = try_acquire()
-            if renewed is None or time.time() >= deadline:
-                emit("fenced", deadline if renewed is None else time.time(),
-                     reason="lease-lost")
+            if renewed is None or time.time() >= lease["deadline"]:
+                end(lease["deadline"] if renewed is None else time.time(), "lease-lost")
                 break
-            deadline = renewed
+            lease["deadline"] = renewed
     release_now.wait()
     conn.close()
     emit("closed")

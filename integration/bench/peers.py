@@ -5,8 +5,11 @@ Usage::
     python integration/bench/peers.py                     # everything, default trial counts
     python integration/bench/peers.py --trials 9 --crash-trials 5
     python integration/bench/peers.py --peers zk,etcd,neli-consumer-fast --skip-build
+    python integration/bench/peers.py --trials 0 --crash-trials 0 --netcut-trials 3 --out /tmp/x
 
-One command starts every service on loopback, in temporary directories, and stops it again:
+One command starts every service on loopback, in temporary directories, and stops it again
+(with the net-cut scenario on :data:`~neli_orchestrate.demo.netns.BROKER_ADDRESS`, a second
+address of the loopback device, which members inside a network namespace reach too):
 
 - Kafka 4.1 (``neli_orchestrate.testing.LocalKafka``), shared by this project and goNELI;
 - ZooKeeper (Debian ``zookeeper``, ``tickTime`` 500 ms) with kazoo's ``Election`` recipe;
@@ -26,10 +29,15 @@ shuffled order, so that machine noise hits all peers alike. Scenarios:
 - ``pause``: SIGSTOP to the leader until the successor leads, then SIGCONT; the fence margin
   is the successor's ``acquired`` minus the moment the old leader stopped leading by its own
   account (positive: it stopped first; negative: both led at once for that long);
+- ``netcut`` (root only): both members run in network namespaces of their own, joined to the
+  host by veth pairs (``neli_orchestrate.demo.netns``); the leader's link goes down until the
+  successor leads, then up again. The leader keeps running, so the margin is measured as in
+  ``pause``, from what the cut leader itself reports (every member's own "stopped leading");
 - ``idle``: CPU of a settled follower over a window, as % of one core (``/proc/<pid>/stat``);
 - ``start``: construction to contending, inside each member process.
 
-Writes ``integration/bench/results/peers.json``, ``peers.md`` and ``peers_*.png``.
+Writes ``integration/bench/results/peers.json``, ``peers.md`` and ``peers.png`` (``--out``
+elsewhere).
 """
 
 from __future__ import annotations
@@ -52,7 +60,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from neli_orchestrate.demo.netns import Netns
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -63,6 +74,10 @@ TIMEOUT = 3.0               # the one timeout every peer gets (session, lease TT
 DEADLINE = 60.0
 ZK_TICK_MS = 500
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
+NETNS_NET = "10.213.0.0/16"   # neli_orchestrate.demo.netns puts every namespace in here
+#: the bench's namespaces: indexes above the chaos suite's regions (1, 2, 3), so that both can
+#: run on one host without sharing a veth subnet
+NETNS_INDEXES = (201, 202)
 CACHE = Path(os.environ.get("NELI_BENCH_CACHE", Path.home() / ".cache" / "neli-orchestrate"))
 
 
@@ -74,6 +89,7 @@ class Member:
 
     name: str
     proc: subprocess.Popen[bytes]
+    netns: Netns | None = None    # the namespace it runs in (netcut trials), else the host's
     lines: list[dict[str, Any]] = field(default_factory=list)
     killed: bool = False
 
@@ -161,8 +177,9 @@ class Services:
     """Every server the peers need, on loopback, in one temporary directory."""
 
     def __init__(self, tmp: Path, wanted: set[str], build_goneli: bool,
-                 bootstrap: str | None = None) -> None:
+                 bootstrap: str | None = None, host: str = "127.0.0.1") -> None:
         self.tmp = tmp
+        self.host = host      # the address every server listens on and clients dial
         self.wanted = wanted
         self.build_goneli = build_goneli
         self.kafka: Any = None
@@ -214,8 +231,15 @@ class Services:
         from neli_orchestrate.testing.local_kafka import KAFKA_VERSION
 
         if not self.bootstrap:
+            if self.host == "127.0.0.1":
+                kafka = LocalKafka()
+            else:
+                # the chaos suite's broker for regions in namespaces: clients' listener on
+                # BROKER_ADDRESS, controller on loopback
+                from neli_orchestrate.demo.netns import host_kafka
+                kafka = host_kafka()
             # a generous deadline: the JVM starts slowly on a busy two-core machine
-            self.kafka = LocalKafka().start(timeout=300)
+            self.kafka = kafka.start(timeout=300)
             self.bootstrap = self.kafka.bootstrap_servers
         self.versions["kafka"] = KAFKA_VERSION
         import confluent_kafka
@@ -229,18 +253,18 @@ class Services:
         data.mkdir()
         cfg = self.tmp / "zoo.cfg"
         cfg.write_text(f"tickTime={ZK_TICK_MS}\ndataDir={data}\nclientPort={port}\n"
-                       f"clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+                       f"clientPortAddress={self.host}\nadmin.enableServer=false\n"
                        f"4lw.commands.whitelist=ruok,srvr\n")
         self._spawn("zookeeper", ["java", "-Xmx256m", "-cp",
                                   "/usr/share/java/zookeeper.jar:/etc/zookeeper/conf",
                                   "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)])
-        self.zk_hosts = f"127.0.0.1:{port}"
+        self.zk_hosts = f"{self.host}:{port}"
 
         def ready() -> str | None:
             import socket
 
             with contextlib.suppress(OSError), \
-                    socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    socket.create_connection((self.host, port), timeout=1) as s:
                 s.sendall(b"srvr")
                 answer = s.recv(4096).decode(errors="replace")
                 return answer if "Zookeeper version" in answer else None
@@ -253,19 +277,19 @@ class Services:
         client, peer = free_port(), free_port()
         self._spawn("etcd", [
             "etcd", "--data-dir", str(self.tmp / "etcd"), "--name", "bench",
-            "--listen-client-urls", f"http://127.0.0.1:{client}",
-            "--advertise-client-urls", f"http://127.0.0.1:{client}",
+            "--listen-client-urls", f"http://{self.host}:{client}",
+            "--advertise-client-urls", f"http://{self.host}:{client}",
             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
             "--initial-cluster", f"bench=http://127.0.0.1:{peer}",
         ])
-        self.etcd_endpoint = f"127.0.0.1:{client}"
+        self.etcd_endpoint = f"{self.host}:{client}"
 
         def ready() -> str | None:
             import urllib.request
 
             with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{client}/version",
+                with urllib.request.urlopen(f"http://{self.host}:{client}/version",
                                             timeout=1) as r:
                     return str(json.loads(r.read())["etcdserver"])
             return None
@@ -281,12 +305,17 @@ class Services:
         as_pg = ["runuser", "-u", "postgres", "--"]
         subprocess.run([*as_pg, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U",
                         "postgres"], check=True, capture_output=True)
+        if self.host != "127.0.0.1":
+            # initdb's trust rules cover loopback only: let members in namespaces in too
+            with (data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.host}/32 trust\n"
+                          f"host all all {NETNS_NET} trust\n")
         port = free_port()
         subprocess.run([*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-l",
                         str(self.tmp / "postgres.log"), "-o",
-                        f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off",
+                        f"-p {port} -k {sock} -c listen_addresses={self.host} -c fsync=off",
                         "start"], check=True, capture_output=True)
-        self.pg_dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        self.pg_dsn = f"host={self.host} port={port} user=postgres dbname=postgres"
         import psycopg
 
         with psycopg.connect(self.pg_dsn, autocommit=True) as conn:
@@ -340,14 +369,16 @@ class Peer:
     def command(self, name: str) -> list[str]:
         raise NotImplementedError
 
-    def spawn(self) -> Member:
+    def spawn(self, netns: Netns | None = None) -> Member:
         self.count += 1
         name = f"{self.key}-{self.count}"
         err = open(self.tmp / f"{name}.stderr", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(self.command(name), stdin=subprocess.PIPE,
+        # `ip netns exec` execs the command: the pid is the member's (signals, CPU)
+        inside = ["ip", "netns", "exec", netns.name] if netns is not None else []
+        proc = subprocess.Popen([*inside, *self.command(name)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        return Member(name, proc)
+        return Member(name, proc, netns)
 
     def _python(self, kind: str, settings: dict[str, Any]) -> list[str]:
         return [sys.executable, str(MEMBER), kind, json.dumps(settings)]
@@ -432,38 +463,75 @@ def make_peer(key: str, services: Services, tmp: Path) -> Peer:
 
 # -- trials --------------------------------------------------------------------------------------
 
+def fence_margin_ms(acquired: float, stopped: float | None) -> float | None:
+    """The successor's "acquired" minus the moment the old leader stopped leading by its own
+    account, in ms: positive, it stopped first; negative, both led for that long; ``None``, it
+    never said it stopped (it still believes it leads)."""
+    return None if stopped is None else round((acquired - stopped) * 1000, 2)
+
+
 class Runner:
-    def __init__(self, peer: Peer) -> None:
+    #: how long a pause or cut may last before the trial counts as "never failed over"
+    fence_cap = 3 * TIMEOUT + 5
+
+    def __init__(self, peer: Peer, namespaces: tuple[Netns, Netns] | None = None) -> None:
         self.peer = peer
+        self.namespaces = namespaces     # for netcut trials: one per member of the pair
         self.leader: Member | None = None
         self.members: list[Member] = []
-        self.samples: dict[str, list[Any]] = {"graceful_ms": [], "crash_ms": [],
-                                              "crash_over_timeout_ms": [], "fence_margin_ms": [],
-                                              "no_failover": [], "start_ms": [], "idle_cpu_pct": []}
+        self.samples: dict[str, list[Any]] = {
+            "graceful_ms": [], "crash_ms": [], "crash_over_timeout_ms": [],
+            "fence_margin_ms": [], "no_failover": [],
+            "netcut_margin_ms": [], "netcut_noticed_ms": [], "netcut_no_failover": [],
+            "start_ms": [], "idle_cpu_pct": []}
 
-    def spawn(self) -> Member:
-        member = self.peer.spawn()
+    def spawn(self, netns: Netns | None = None) -> Member:
+        member = self.peer.spawn(netns)
         self.members.append(member)
         ready = wait_for(f"{member.name} to start", lambda: member.last("ready"))
         self.samples["start_ms"].append(round(ready["start_s"] * 1000, 2))
         return member
 
-    def pair(self) -> tuple[Member, Member]:
+    def pair(self, places: tuple[Netns | None, Netns | None] = (None, None)
+             ) -> tuple[Member, Member]:
+        """The trial's leader and a settled follower; a new leader starts in ``places[0]`` (if
+        there is none), the follower in ``places[1]``."""
         if self.leader is None or self.leader.proc.poll() is not None:
-            self.leader = self.spawn()
+            self.leader = self.spawn(places[0])
             wait_for(f"{self.leader.name} to lead", self.leader.leading)
-        follower = self.spawn()
+        incumbent: Member = self.leader
+        newcomer = self.spawn(places[1])
         time.sleep(self.peer.settle)
         # goNELI's eager assignor revokes on every join and may hand the role to the newcomer:
         # whoever leads once the group has settled is the leader of the trial.
-        leader = wait_for(f"{self.peer.key}: one leader after a join", lambda: [
-            m for m in (self.leader, follower) if m.leading()])
-        if len(leader) != 1:
+        leading = wait_for(f"{self.peer.key}: one leader after a join", lambda: [
+            m for m in (incumbent, newcomer) if m.leading()])
+        if len(leading) != 1:
             raise RuntimeError(f"{self.peer.key}: two leaders after a join")
-        if leader[0] is follower:
-            follower, self.leader = self.leader, follower
+        if leading[0] is newcomer:
+            self.leader = newcomer
             time.sleep(self.peer.settle)
-        return self.leader, follower
+            return newcomer, incumbent
+        return incumbent, newcomer
+
+    def retire(self, *members: Member) -> None:
+        """End ``members`` by handing over in turn, each once it leads: a follower blocked in
+        a campaign or a lock returns only then, and a killed one would stay in the group (or
+        the lock's queue) until its session expires, delaying the next trial's leader."""
+        for i, member in enumerate(members):
+            if member.proc.poll() is None:
+                if i > 0:
+                    def took_over(m: Member = member) -> bool:
+                        return m.leading() or m.proc.poll() is not None
+
+                    with contextlib.suppress(TimeoutError):
+                        wait_for(f"{member.name} to take over", took_over, TIMEOUT + 10)
+                member.send("release")
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    member.proc.wait(15)
+            member.stop()
+        if self.leader in members:
+            self.leader = None
 
     def graceful(self) -> None:
         leader, follower = self.pair()
@@ -487,32 +555,68 @@ class Runner:
         self.samples["crash_over_timeout_ms"].append(round((latency - TIMEOUT) * 1000, 2))
         self.leader = follower
 
-    def pause(self) -> None:
-        leader, follower = self.pair()
+    def fence_trial(self, leader: Member, follower: Member, inject: Callable[[], object],
+                    undo: Callable[[], object]) -> tuple[float, float | None, float | None]:
+        """Inject a fault into the leader until the successor leads (at most ``fence_cap``),
+        undo it, and wait for the old leader's own "stopped leading" (it may have said so
+        during the fault). Returns (fault at, successor acquired at or ``None`` if nobody took
+        over, old leader stopped at or ``None`` if it never said so); Unix seconds."""
         n = follower.count("acquired")
         ended_before = leader.count("fenced") + leader.count("revoked")
-        stopped = leader.signal(signal.SIGSTOP)
-        cap = 3 * TIMEOUT + 5
+        at = time.time()
+        inject()
         try:
-            acquired = wait_for("the successor", lambda: follower.new("acquired", n), cap)
+            acquired = wait_for("the successor", lambda: follower.new("acquired", n),
+                                self.fence_cap)["t"]
         except TimeoutError:
+            acquired = None
+        finally:
+            undo()
+        stopped = None
+        if acquired is not None:
+            with contextlib.suppress(TimeoutError):
+                stopped = wait_for("the old leader to notice", lambda: [
+                    x for x in list(leader.lines) if x["kind"] in ("fenced", "revoked")
+                ][ended_before:][:1], 15)[0]["t"]
+        return at, acquired, stopped
+
+    def pause(self) -> None:
+        leader, follower = self.pair()
+        at, acquired, stopped = self.fence_trial(
+            leader, follower, lambda: leader.signal(signal.SIGSTOP),
+            lambda: leader.signal(signal.SIGCONT))
+        if acquired is None:
             # e.g. an advisory lock: the paused session still holds it, nobody takes over
-            leader.signal(signal.SIGCONT)
-            self.samples["no_failover"].append(round(time.time() - stopped, 2))
+            self.samples["no_failover"].append(round(time.time() - at, 2))
             follower.stop()
             return
-        leader.signal(signal.SIGCONT)
-        try:
-            ended = wait_for("the paused leader to notice", lambda: [
-                x for x in list(leader.lines) if x["kind"] in ("fenced", "revoked")
-            ][ended_before:][:1], 15)[0]
-            margin = acquired["t"] - ended["t"]
-        except TimeoutError:
-            margin = -math.inf   # it never noticed: it still believes it leads
-        self.samples["fence_margin_ms"].append(round(margin * 1000, 2)
-                                               if math.isfinite(margin) else None)
+        self.samples["fence_margin_ms"].append(fence_margin_ms(acquired, stopped))
         leader.stop()
         self.leader = follower
+
+    def netcut(self) -> None:
+        """Both members in namespaces of their own; the leader's veth link goes down until
+        the successor leads. The cut leader keeps running and says itself when it stops."""
+        if self.namespaces is None:
+            raise RuntimeError("netcut needs network namespaces (root and `ip netns`)")
+        if self.leader is not None:
+            self.retire(self.leader)    # the trial's pair starts in the namespaces
+        leader, follower = self.pair(self.namespaces)
+        cut = leader.netns
+        assert cut is not None
+        try:
+            at, acquired, stopped = self.fence_trial(leader, follower, cut.cut, cut.heal)
+            if acquired is None:
+                # e.g. an advisory lock: the server keeps the cut session (and its lock) until
+                # TCP keepalive gives up, two hours by default
+                self.samples["netcut_no_failover"].append(round(time.time() - at, 2))
+            else:
+                self.samples["netcut_margin_ms"].append(fence_margin_ms(acquired, stopped))
+                self.samples["netcut_noticed_ms"].append(
+                    None if stopped is None else round((stopped - at) * 1000, 2))
+        finally:
+            # the old leader first (healed by now), then the successor once it leads
+            self.retire(leader, follower)
 
     def close(self) -> None:
         for member in self.members:
@@ -574,20 +678,33 @@ def fmt(value: float | None, unit: str = "ms") -> str:
     return f"{value:.0f} ms" if abs(value) >= 100 else f"{value:.1f} ms"
 
 
-def summarise(samples: dict[str, list[Any]]) -> dict[str, Any]:
-    margins = samples["fence_margin_ms"]
+def fence_summary(margins: list[float | None]) -> dict[str, Any]:
+    """Margins of the trials that failed over (``None``: the old leader never said it
+    stopped, which counts as not first)."""
     finite = [m for m in margins if m is not None]
+    return {"min_ms": min(finite) if finite else None, "p50_ms": pct(finite, 50),
+            "first": f"{sum(1 for m in finite if m >= 0)}/{len(margins)}" if margins else "–"}
+
+
+def summarise(samples: dict[str, list[Any]]) -> dict[str, Any]:
+    pause = fence_summary(samples["fence_margin_ms"])
+    cut = fence_summary(samples.get("netcut_margin_ms", []))
     return {
         "graceful_p50_ms": pct(samples["graceful_ms"], 50),
         "graceful_p90_ms": pct(samples["graceful_ms"], 90),
         "crash_p50_ms": pct(samples["crash_ms"], 50),
         "crash_p90_ms": pct(samples["crash_ms"], 90),
         "crash_over_timeout_p50_ms": pct(samples["crash_over_timeout_ms"], 50),
-        "fence_margin_min_ms": min(finite) if finite else None,
-        "fence_margin_p50_ms": pct(finite, 50),
-        "fenced_first": f"{sum(1 for m in finite if m >= 0)}/{len(margins)}"
-        if margins else "–",
+        "fence_margin_min_ms": pause["min_ms"],
+        "fence_margin_p50_ms": pause["p50_ms"],
+        "fenced_first": pause["first"],
         "no_failover": len(samples["no_failover"]),
+        "netcut_margin_min_ms": cut["min_ms"],
+        "netcut_margin_p50_ms": cut["p50_ms"],
+        "netcut_fenced_first": cut["first"],
+        "netcut_no_failover": len(samples.get("netcut_no_failover", [])),
+        "netcut_noticed_p50_ms": pct([v for v in samples.get("netcut_noticed_ms", [])
+                                      if v is not None], 50),
         "idle_cpu_pct": pct(samples["idle_cpu_pct"], 50),
         "start_p50_ms": pct(samples["start_ms"], 50),
     }
@@ -620,6 +737,19 @@ def markdown(report: dict[str, Any]) -> str:
          + (f" ({x['no_failover']} never failed over)" if x["no_failover"] else "")),
         ("pause: fence margin min / p50", lambda x: f"{fmt(x['fence_margin_min_ms'])} / "
          f"{fmt(x['fence_margin_p50_ms'])}"),
+    ]
+    netcut = report.get("netcut_trials", 0)
+    if netcut:
+        rows += [
+            ("net cut: old leader stopped before successor", lambda x: x["netcut_fenced_first"]
+             + (f" ({x['netcut_no_failover']} never failed over)"
+                if x["netcut_no_failover"] else "")),
+            ("net cut: fence margin min / p50", lambda x: f"{fmt(x['netcut_margin_min_ms'])} / "
+             f"{fmt(x['netcut_margin_p50_ms'])}"),
+            ("net cut: old leader noticed after the cut, p50",
+             lambda x: fmt(x["netcut_noticed_p50_ms"])),
+        ]
+    rows += [
         ("idle follower CPU (one core)", lambda x: fmt(x["idle_cpu_pct"], "%")),
         ("member start p50", lambda x: fmt(x["start_p50_ms"])),
     ]
@@ -631,9 +761,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"min {load['min']}, mean {load['mean']}, max {load['max']} (a shared machine: "
         f"compare columns, not absolute values). Timeout {TIMEOUT:g} s everywhere "
         f"(ZooKeeper session with tickTime {ZK_TICK_MS} ms, etcd lease TTL, PostgreSQL lease, "
-        f"Kafka session). Trials: {report['trials']} graceful, {report['crash_trials']} crash "
-        f"and {report['crash_trials']} pause per peer, interleaved; idle CPU over "
-        f"{report['idle_window_s']:g} s.",
+        f"Kafka session). Trials: {report['trials']} graceful, {report['crash_trials']} crash, "
+        f"{report['crash_trials']} pause and {netcut} net cut per peer, interleaved; idle CPU "
+        f"over {report['idle_window_s']:g} s."
+        + (f" Net cut not run: {report['netcut_skipped']}." if report.get("netcut_skipped")
+           else ""),
         "",
         "| | " + " | ".join(label(k) for k in peers) + " |",
         "|---|" + "---|" * len(peers),
@@ -657,20 +789,25 @@ def plot(report: dict[str, Any], out: Path) -> list[str]:
     panels = [("graceful_ms", "graceful hand-over (ms, log)", True),
               ("crash_over_timeout_ms", "crash: successor after kill + timeout (ms)", False),
               ("fence_margin_ms", "pause: fence margin (ms; < 0 = two leaders)", False),
+              ("netcut_margin_ms", "net cut: fence margin (ms; < 0 = two leaders)", False),
               ("start_ms", "member start (ms, log)", True)]
-    fig, axes = plt.subplots(len(panels) + 1, 1, figsize=(11, 4 * (len(panels) + 1)))
+    data = {key: [[v for v in report["peers"][k]["samples"].get(key, []) if v is not None]
+                  for k in peers] for key, _, _ in panels}
+    # a scenario the run left out (e.g. --trials 0, or no root for the net cut) gets no panel
+    panels = [panel for panel in panels if any(data[panel[0]])]
+    fig, axes = plt.subplots(len(panels) + 1, 1, figsize=(11, 4 * (len(panels) + 1)),
+                             squeeze=False)
+    axes = axes[:, 0]
     for ax, (key, title, log) in zip(axes, panels, strict=False):
-        data = [[v for v in report["peers"][k]["samples"][key] if v is not None]
-                for k in peers]
-        for i, values in enumerate(data):
+        for i, values in enumerate(data[key]):
             jitter = [i + 1 + random.uniform(-0.15, 0.15) for _ in values]
             ax.scatter(jitter, values, s=14, alpha=0.7)
-        ax.boxplot([d if d else [float("nan")] for d in data], showfliers=False)
+        ax.boxplot([d if d else [float("nan")] for d in data[key]], showfliers=False)
         ax.set_xticks(range(1, len(peers) + 1), names, rotation=20, fontsize=8)
         ax.set_title(title)
         if log:
             ax.set_yscale("log")
-        if key == "fence_margin_ms":
+        if key in ("fence_margin_ms", "netcut_margin_ms"):
             ax.axhline(0, color="red", linewidth=0.8)
         ax.grid(axis="y", alpha=0.3)
     cpu = [report["peers"][k]["summary"]["idle_cpu_pct"] or 0 for k in peers]
@@ -699,23 +836,73 @@ def host_info() -> dict[str, Any]:
             "cpus": os.cpu_count(), "cpu_model": model, "memory_gib": round(mem, 1)}
 
 
+def open_namespaces(requested: int | None, default: int, bootstrap: str | None
+                    ) -> tuple[int, tuple[Netns, Netns] | None, str]:
+    """The number of net-cut trials, the two namespaces for them, and why none run.
+
+    ``requested`` ``None`` (no ``--netcut-trials``): ``default`` trials if this process can
+    create namespaces, else none, with the reason. An explicit count that cannot run is an
+    error."""
+    from neli_orchestrate.demo.netns import BROKER_ADDRESS, Netns, NetnsError, add_broker_address
+
+    if requested == 0:
+        return 0, None, "--netcut-trials 0"
+    why = ""
+    if os.geteuid() != 0:
+        why = "needs root (it creates network namespaces with `ip netns`)"
+    elif shutil.which("ip") is None:
+        why = "needs iproute2's `ip`"
+    elif bootstrap and not bootstrap.startswith(f"{BROKER_ADDRESS}:"):
+        why = (f"--bootstrap {bootstrap} is not on {BROKER_ADDRESS}, the host address members "
+               f"in a namespace reach")
+    made: list[Netns] = []
+    if not why:
+        tag = uuid.uuid4().hex[:5]   # the veth names take the last six characters
+        try:
+            add_broker_address()
+            for n, index in enumerate(NETNS_INDEXES, start=1):
+                made.append(Netns(f"neli-peers-{tag}{n}", index).create())
+        except NetnsError as exc:
+            for ns in made:
+                ns.delete()
+            made = []
+            why = str(exc)
+    if why:
+        if requested is not None:
+            raise SystemExit(f"--netcut-trials {requested}: {why}")
+        print(f"net cut: not run, {why}", flush=True)
+        return 0, None, why
+    print(f"net cut: members in namespaces {made[0].name}, {made[1].name}; servers on "
+          f"{BROKER_ADDRESS}", flush=True)
+    return (default if requested is None else requested), (made[0], made[1]), ""
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="neli-peers-") as tmp_name:
         tmp = Path(tmp_name)
-        services = Services(tmp, set(args.peers), build_goneli=not args.skip_build,
-                            bootstrap=args.bootstrap)
         runners: list[Runner] = []
+        namespaces: tuple[Netns, Netns] | None = None
+        services: Services | None = None
         try:
+            netcut, namespaces, skipped = open_namespaces(args.netcut_trials,
+                                                          args.crash_trials, args.bootstrap)
+            if namespaces:
+                from neli_orchestrate.demo.netns import BROKER_ADDRESS
+            services = Services(tmp, set(args.peers), build_goneli=not args.skip_build,
+                                bootstrap=args.bootstrap,
+                                host=BROKER_ADDRESS if namespaces else "127.0.0.1")
             print("starting services ...", flush=True)
             services.start()
-            runners = [Runner(make_peer(k, services, tmp)) for k in args.peers]
+            runners = [Runner(make_peer(k, services, tmp), namespaces) for k in args.peers]
             with load_sampler(loads):
-                rounds = max(args.trials, args.crash_trials)
+                rounds = max(args.trials, args.crash_trials, netcut)
                 for i in range(rounds):
                     plan = [("graceful", r) for r in runners] if i < args.trials else []
                     if i < args.crash_trials:
                         plan += [(s, r) for s in ("crash", "pause") for r in runners]
+                    if i < netcut:
+                        plan += [("netcut", r) for r in runners]
                     random.shuffle(plan)
                     for scenario, runner in plan:
                         try:
@@ -732,7 +919,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for runner in runners:
                 runner.close()
-            services.stop()
+            if services is not None:
+                services.stop()
+            for ns in namespaces or ():
+                ns.delete()     # after every member in it has been killed
     return {
         "benchmark": "peers",
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -744,6 +934,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "timeout_s": TIMEOUT,
         "trials": args.trials,
         "crash_trials": args.crash_trials,
+        "netcut_trials": netcut,
+        "netcut_skipped": skipped,
         "idle_window_s": args.idle_window,
         "command": "python integration/bench/peers.py " + " ".join(sys.argv[1:]),
         "peers": {r.peer.key: {"samples": r.samples, "summary": summarise(r.samples)}
@@ -756,6 +948,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=9, help="graceful trials per peer")
     parser.add_argument("--crash-trials", type=int, default=3,
                         help="crash and pause trials per peer (each takes the 3 s timeout)")
+    parser.add_argument("--netcut-trials", type=int, default=None,
+                        help="network-cut trials per peer; needs root (ip netns). Default: as "
+                             "many as --crash-trials when namespaces can be made, else none")
     parser.add_argument("--idle-window", type=float, default=10.0)
     parser.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                         type=lambda s: [p for p in s.split(",") if p])
@@ -764,6 +959,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="use this Kafka (default: start a LocalKafka)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    # a plain `kill` must still heal and delete the namespaces and stop the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     report = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "peers.json").write_text(json.dumps(report, indent=1) + "\n")

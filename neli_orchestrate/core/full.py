@@ -81,7 +81,7 @@ class FullNeliState(LeadershipState):
             beats = []
             for p in range(self.partitions):
                 beats.append((p, Heartbeat(member=self.member, seq=self._next_seq(),
-                                           sent_at=now, sent_wall=wall)))
+                                           sent_at=now, sent_wall=wall, group=self.group)))
             self.counters["heartbeats_sent"] += len(beats)
             return beats
 

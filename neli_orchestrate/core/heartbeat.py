@@ -2,6 +2,10 @@
 
 Both are encoded as key = member id (UTF-8) and value = a small JSON object, so a reader can
 skip other members' records by key and a person can read the topic with any console consumer.
+Both name the member's group (``"group"``): many groups share one leader-topic partition (a
+``Singleton`` contends for every role through partition 0 of ``<namespace>.neli``), and a
+follower must take only its own group's hints and heartbeats as news of its leader
+(:func:`group_tag`). Records without the field (older writers) count for every group.
 A release hint (``{"neli":1,"hint":"released",...}``) says "the member that led this partition
 has left the group": followers that read it ask the coordinator for their assignment at once.
 It is never evidence of anything (see ``docs/protocol.md``, "Release hints").
@@ -12,7 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["Heartbeat", "ReleaseHint", "decode_heartbeat", "decode_hint"]
+__all__ = ["Heartbeat", "ReleaseHint", "decode_heartbeat", "decode_hint", "group_tag",
+           "of_group"]
 
 _FORMAT = 1
 
@@ -30,14 +35,15 @@ class Heartbeat:
     seq: int
     sent_at: float
     sent_wall: float
+    group: str | None = None
 
     def encode(self) -> tuple[bytes, bytes]:
         """Return the record's (key, value)."""
-        value = json.dumps(
-            {"neli": _FORMAT, "member": self.member, "seq": self.seq,
-             "sent_at": self.sent_at, "sent_wall": self.sent_wall},
-            separators=(",", ":"),
-        )
+        body: dict[str, object] = {"neli": _FORMAT, "member": self.member, "seq": self.seq,
+                                   "sent_at": self.sent_at, "sent_wall": self.sent_wall}
+        if self.group is not None:
+            body["group"] = self.group
+        value = json.dumps(body, separators=(",", ":"))
         return self.member.encode("utf-8"), value.encode("utf-8")
 
 
@@ -55,8 +61,10 @@ def decode_heartbeat(key: bytes | None, value: bytes | None) -> Heartbeat | None
             return None
         if key is not None and key != member.encode("utf-8"):
             return None  # key and body disagree: not a well-formed heartbeat
+        group = data.get("group")
         return Heartbeat(member=member, seq=seq, sent_at=float(data["sent_at"]),
-                         sent_wall=float(data["sent_wall"]))
+                         sent_wall=float(data["sent_wall"]),
+                         group=group if isinstance(group, str) else None)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -74,11 +82,15 @@ class ReleaseHint:
 
     member: str
     sent_wall: float
+    group: str | None = None
 
     def encode(self) -> tuple[bytes, bytes]:
         """Return the record's (key, value)."""
-        value = json.dumps({"neli": _FORMAT, "hint": _RELEASED, "member": self.member,
-                            "sent_wall": self.sent_wall}, separators=(",", ":"))
+        body: dict[str, object] = {"neli": _FORMAT, "hint": _RELEASED, "member": self.member,
+                                   "sent_wall": self.sent_wall}
+        if self.group is not None:
+            body["group"] = self.group
+        value = json.dumps(body, separators=(",", ":"))
         return self.member.encode("utf-8"), value.encode("utf-8")
 
 
@@ -92,6 +104,29 @@ def decode_hint(value: bytes | None) -> ReleaseHint | None:
         if not isinstance(data, dict) or data.get("neli") != _FORMAT \
                 or data.get("hint") != _RELEASED or not isinstance(data.get("member"), str):
             return None
-        return ReleaseHint(member=data["member"], sent_wall=float(data.get("sent_wall", 0.0)))
+        group = data.get("group")
+        return ReleaseHint(member=data["member"], sent_wall=float(data.get("sent_wall", 0.0)),
+                           group=group if isinstance(group, str) else None)
     except (ValueError, TypeError):
         return None
+
+
+_GROUP_FIELD = b'"group":'
+
+
+def group_tag(group_id: str) -> bytes:
+    """The bytes by which a record's value names ``group_id`` (what :func:`of_group` looks for)."""
+    return _GROUP_FIELD + json.dumps(group_id).encode("utf-8")
+
+
+def of_group(value: bytes | None, tag: bytes) -> bool:
+    """Is this leader-topic record about the group of ``tag`` (:func:`group_tag`)?
+
+    A substring test, no JSON parse: a follower sees every group's records on a shared
+    partition, hundreds per second with many roles. Inside a JSON string a quote is escaped,
+    so the tag cannot match a member name. A record without a group (an older writer) is
+    taken as every group's.
+    """
+    if value is None:
+        return False
+    return tag in value or _GROUP_FIELD not in value

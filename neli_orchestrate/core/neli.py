@@ -47,7 +47,14 @@ from neli_orchestrate.core.events import (
     LeaderRevoked,
 )
 from neli_orchestrate.core.full import FullNeliState
-from neli_orchestrate.core.heartbeat import Heartbeat, ReleaseHint, decode_heartbeat, decode_hint
+from neli_orchestrate.core.heartbeat import (
+    Heartbeat,
+    ReleaseHint,
+    decode_heartbeat,
+    decode_hint,
+    group_tag,
+    of_group,
+)
 from neli_orchestrate.core.kafka import (
     MAX_POLL_EXCEEDED,
     OFFSET_END,
@@ -110,6 +117,11 @@ class FastNeliState(LeadershipState):
             if st is None or not st.assigned:
                 return
             st.position = record.offset + 1
+            if record.key is not None and record.key != self.member_key:
+                # another member's record (with many roles on one partition, nearly all of
+                # them): skip it without parsing
+                self.counters["foreign_records"] += 1
+                return
             beat = decode_heartbeat(record.key, record.value)
             if beat is None or beat.member != self.member:
                 self.counters["foreign_records"] += 1
@@ -133,7 +145,8 @@ class FastNeliState(LeadershipState):
                 del st.pending[min(st.pending)]
             st.next_heartbeat = now + self.heartbeat_interval
             self.counters["heartbeats_sent"] += 1
-            return Heartbeat(member=self.member, seq=seq, sent_at=now, sent_wall=wall)
+            return Heartbeat(member=self.member, seq=seq, sent_at=now, sent_wall=wall,
+                             group=self.group)
 
     def due_heartbeats(self, now: float, wall: float) -> list[tuple[int, Heartbeat]]:
         with self._lock:
@@ -251,10 +264,12 @@ class Neli:
         finally:
             admin.close()
 
+        self._group_tag = group_tag(r.group_id)
         state_args = dict(
             member=self._member_id, roles=r.roles, partitions=self._partitions,
             lease=r.heartbeat_timeout, heartbeat_interval=r.heartbeat_interval,
             revoke_timeout=r.revoke_timeout, exclusive=r.exclusive, grace=r.grace_period,
+            group=r.group_id,
         )
         self._state: LeadershipState
         if r.mode == "full":
@@ -529,7 +544,8 @@ class Neli:
         """
         if self._producer is None:
             return
-        key, value = ReleaseHint(member=self._member_id, sent_wall=self._clock.time()).encode()
+        key, value = ReleaseHint(member=self._member_id, sent_wall=self._clock.time(),
+                                 group=self._r.group_id).encode()
         try:
             for p in partitions:
                 self._producer.send(p, key, value)
@@ -620,7 +636,9 @@ class Neli:
             if isinstance(result, ConsumerFault):
                 self._warn_once(f"watch:{result.code}", "hint watcher of member %s: %s: %s",
                                 self._member_id, result.code, result.message)
-            elif result.partition in self._watched:
+            elif result.partition in self._watched and of_group(result.value, self._group_tag):
+                # only this group's records are news of its leader: other roles' leaders
+                # heartbeat on the same partition
                 now = self._clock.monotonic()
                 self._seen[result.partition] = now
                 hint = decode_hint(result.value)

@@ -97,8 +97,11 @@ class LeadershipState:
         revoke_timeout: float,
         exclusive: bool = True,
         grace: float = 0.0,
+        group: str | None = None,
     ) -> None:
         self.member = member
+        self.member_key = member.encode("utf-8")  # records are keyed by member id
+        self.group = group
         self.roles = tuple(roles)
         self.partitions = partitions
         self.lease = lease

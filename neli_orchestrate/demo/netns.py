@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -93,3 +94,24 @@ def add_broker_address() -> None:
                             text=True, timeout=30)
     if f" {BROKER_ADDRESS}/" not in result.stdout:
         _ip("addr", "add", f"{BROKER_ADDRESS}/32", "dev", "lo")
+
+
+def host_kafka(**kwargs: Any) -> Any:
+    """A :class:`~neli_orchestrate.testing.LocalKafka` (same arguments) whose client listener is
+    on :data:`BROKER_ADDRESS`, which every namespace routes to; its controller stays on
+    loopback. Not started."""
+    from neli_orchestrate.testing.local_kafka import LocalKafka
+
+    class HostKafka(LocalKafka):
+        @property
+        def bootstrap_servers(self) -> str:
+            return f"{BROKER_ADDRESS}:{self.port}"
+
+        def _security_properties(self) -> dict[str, str]:
+            return {
+                "listeners": f"PLAINTEXT://{BROKER_ADDRESS}:{self.port},"
+                             f"CONTROLLER://127.0.0.1:{self.controller_port}",
+                "advertised.listeners": f"PLAINTEXT://{BROKER_ADDRESS}:{self.port}",
+            }
+
+    return HostKafka(**kwargs)

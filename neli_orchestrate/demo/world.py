@@ -125,7 +125,7 @@ class World:
             for i, name in enumerate(self.settings.regions, start=1):
                 self.namespaces[name] = netns.Netns(f"{self.namespace}-{i}", i).create()
             progress(f"starting Kafka (KRaft, one node on {netns.BROKER_ADDRESS})")
-            self.kafka = _HostKafka(
+            self.kafka = netns.host_kafka(
                 workdir=self.workdir / "kafka", properties=self.settings.kafka_properties
             ).start(timeout=self.settings.start_timeout)
             self.bootstrap = self.kafka.bootstrap_servers
@@ -412,32 +412,6 @@ class World:
         return self.observer.fault(
             Fault(kind, span.region, span.date, at, pids, detail=f"task pid {task_pid}")
         )
-
-
-def _host_kafka_class() -> Any:
-    from neli_orchestrate.demo.netns import BROKER_ADDRESS
-    from neli_orchestrate.testing.local_kafka import LocalKafka
-
-    class HostKafka(LocalKafka):
-        """A LocalKafka whose clients' listener is on the host address every region's
-        namespace routes to (its controller stays on loopback)."""
-
-        @property
-        def bootstrap_servers(self) -> str:
-            return f"{BROKER_ADDRESS}:{self.port}"
-
-        def _security_properties(self) -> dict[str, str]:
-            return {
-                "listeners": f"PLAINTEXT://{BROKER_ADDRESS}:{self.port},"
-                             f"CONTROLLER://127.0.0.1:{self.controller_port}",
-                "advertised.listeners": f"PLAINTEXT://{BROKER_ADDRESS}:{self.port}",
-            }
-
-    return HostKafka
-
-
-def _HostKafka(**kwargs: Any) -> Any:  # noqa: N802 - a class, imported late
-    return _host_kafka_class()(**kwargs)
 
 
 def log_to_file(path: Path) -> None:

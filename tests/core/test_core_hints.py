@@ -12,7 +12,7 @@ import pytest
 from core_fakes import FakeClients, FakeCluster
 
 from neli_orchestrate.core import FakeClock, LeaderEvent, Neli, NeliConfig
-from neli_orchestrate.core.heartbeat import ReleaseHint, decode_heartbeat, decode_hint
+from neli_orchestrate.core.heartbeat import Heartbeat, ReleaseHint, decode_heartbeat, decode_hint
 from neli_orchestrate.core.neli import _NUDGE_RETRIES, _NUDGE_RETRY
 
 SETTINGS: dict[str, object] = dict(
@@ -264,3 +264,60 @@ def test_kip_848_follower_heartbeats_around_the_quiet_leaders_session_deadline()
     assert min(rejoins_at) > 3.0 - 1.0 - 0.3, "none long before the session can have ended"
     assert max(rejoins_at) < 3.0 + 1.0, "and none long after"
     assert not b.is_leader
+
+
+# -- many groups on one partition (a Singleton's roles share partition 0) -------------------------
+
+def test_a_hint_of_another_group_on_the_shared_partition_is_not_news() -> None:
+    cluster, a, b = pair()
+    consumer_b = consumer_of(cluster, 1)
+    key, value = ReleaseHint(member="other#1", sent_wall=1.0, group="another-role").encode()
+    cluster.append(0, key, value)
+    b.pulse(0.05)
+    assert consumer_b.rejoins == 0, "another role's leader left, not ours"
+    key, value = ReleaseHint(member="old#1", sent_wall=1.0).encode()
+    cluster.append(0, key, value)
+    b.pulse(0.05)
+    assert consumer_b.rejoins == 1, "a hint without a group (an older writer) still counts"
+    a.close()
+    b.pulse(0.05)
+    assert consumer_b.rejoins >= 2, "our own leader's hint does"
+
+
+def test_other_groups_heartbeats_do_not_hide_our_quiet_leader() -> None:
+    """The follower's silence watch must count only its own group's records: with another
+    role's leader heartbeating on the same partition, ours still goes quiet."""
+    cluster = FakeCluster(clock=FakeClock())
+    slow = dict(group_protocol="consumer", session_timeout=3.0, heartbeat_timeout=1.0,
+                group_heartbeat_interval=1.0, heartbeat_interval=0.25, clock_error=0.5)
+    a, _ = member(cluster, "A", **slow)
+    consumer_a = cluster.consumer
+    b, _ = member(cluster, "B", **slow)
+    consumer_b = cluster.consumer
+    consumer_a.assign(0)
+    assert a.pulse(0.3)
+    for _ in range(8):
+        a.pulse(0.1)
+        b.pulse(0.1)
+    silent_from = cluster.clock.monotonic()
+    seq = 0
+    rejoins_at: list[float] = []
+    while cluster.clock.monotonic() < silent_from + 5.0:
+        seq += 1
+        key, value = Heartbeat(member="other#1", seq=seq, sent_at=0.0, sent_wall=0.0,
+                               group="another-role").encode()
+        cluster.append(0, key, value)
+        before = consumer_b.rejoins
+        b.pulse(0.05)
+        if consumer_b.rejoins > before:
+            rejoins_at.append(cluster.clock.monotonic() - silent_from)
+    assert len(rejoins_at) > 10, "a burst of heartbeats around our leader's deadline"
+    assert min(rejoins_at) > 3.0 - 1.0 - 0.3
+
+
+def test_heartbeats_and_hints_name_their_group() -> None:
+    cluster, a, b = pair()
+    beats = [decode_heartbeat(r.key, r.value) for r in cluster.logs[0]]
+    assert {h.group for h in beats if h is not None} == {"g"}
+    a.close()
+    assert [h.group for h in hints_in(cluster)] == ["g"]
