@@ -280,16 +280,16 @@ def _ms(seconds: float) -> int:
     return max(1, int(round(seconds * 1000)))
 
 
-def _common(r: ResolvedConfig, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _common(r: ResolvedConfig) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "bootstrap.servers": r.bootstrap_servers,
         "client.id": f"neli-{r.name}",
         # heartbeats are tiny and latency-bound; Nagle's algorithm would delay them
         "socket.nagle.disable": True,
+        "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
         "logger": librdkafka_log,
     }
-    settings.update(defaults or {})   # ours, but NeliConfig.kafka_config may override them
-    settings.update(r.kafka_config)
+    settings.update(r.kafka_config)   # NeliConfig.kafka_config overrides ours
     return settings
 
 
@@ -367,14 +367,18 @@ def watcher_settings(r: ResolvedConfig) -> dict[str, Any]:
 # cluster's brokers; a request caught in flight on it is retried on a new connection, which
 # librdkafka opens no sooner than reconnect.backoff.ms / 2 (at least 11 ms) after the client's
 # first one: 50 ms with the default 100 ms, on most member starts (seen in librdkafka's debug
-# log, "Not selecting any broker for cluster connection: still suppressed for 48ms"). The
-# admin client lives only for the start-up checks, so a short backoff costs nothing later.
-_ADMIN_RECONNECT_BACKOFF_MS = 10
+# log, "Not selecting any broker for cluster connection: still suppressed for 48ms"). Every
+# client of a member pays it once, on its first requests: the admin's checks, and the group
+# consumer's join and first fetch (a gate's whole decision waits for those). For a long-lived
+# client the setting only moves the first retry after a disconnect: librdkafka still doubles
+# the backoff on every failed attempt up to reconnect.backoff.max.ms (10 s), so a broker
+# outage sees about three more connection attempts per client than with the default.
+RECONNECT_BACKOFF_MS = 10
 
 
 def admin_settings(r: ResolvedConfig) -> dict[str, Any]:
     """The admin client's librdkafka settings for a resolved config (start-up checks only)."""
-    return _common(r, {"reconnect.backoff.ms": _ADMIN_RECONNECT_BACKOFF_MS})
+    return _common(r)
 
 
 # -- confluent-kafka implementation --------------------------------------------------------------

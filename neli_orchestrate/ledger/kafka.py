@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from neli_orchestrate.core.kafka import RECONNECT_BACKOFF_MS
 from neli_orchestrate.core.kafka import is_authorization_error as _denied
 from neli_orchestrate.errors import (
     AuthorizationError,
@@ -207,6 +208,9 @@ class KafkaLedger:
         conf: dict[str, Any] = dict(self.config.kafka_config)
         conf["bootstrap.servers"] = self.config.bootstrap_servers
         conf.setdefault("logger", logging.getLogger(__name__ + ".librdkafka"))
+        # the claim waits for this producer's and the replay consumer's first requests: the
+        # same short first reconnect as the member's clients (core.kafka.RECONNECT_BACKOFF_MS)
+        conf.setdefault("reconnect.backoff.ms", RECONNECT_BACKOFF_MS)
         return conf
 
     def _ensure_ready(self) -> int:

@@ -193,17 +193,18 @@ def test_unreachable_real_broker_fails_fast_with_the_address() -> None:
         Neli(config(bootstrap_servers="127.0.0.1:1", request_timeout=1.0))
 
 
-def test_the_admin_client_reconnects_after_10_ms_unless_kafka_config_says_otherwise() -> None:
+def test_every_client_reconnects_after_10_ms_unless_kafka_config_says_otherwise() -> None:
     # librdkafka drops the bootstrap connection once it knows the brokers; a start-up request
     # caught on it waits reconnect.backoff.ms / 2 for a new one (50 ms by default)
     cluster = FakeCluster(clock=FakeClock())
     clients = FakeClients(cluster)
     Neli(config(), clock=cluster.clock, kafka=clients)
     assert clients.admin_settings["reconnect.backoff.ms"] == 10
-    assert "reconnect.backoff.ms" not in cluster.consumer.settings   # long-lived clients: as is
-    assert "reconnect.backoff.ms" not in cluster.producer.settings
+    assert cluster.consumer.settings["reconnect.backoff.ms"] == 10   # its join waits on it too
+    assert cluster.producer.settings["reconnect.backoff.ms"] == 10
     Neli(config(kafka_config={"reconnect.backoff.ms": 250}), clock=cluster.clock, kafka=clients)
     assert clients.admin_settings["reconnect.backoff.ms"] == 250
+    assert cluster.consumer.settings["reconnect.backoff.ms"] == 250
 
 # -- a failing check stops the member before it joins (the checks overlap one read) -------------
 
