@@ -413,9 +413,11 @@ class _Leadership:
     def close(self) -> None:
         self._stop.set()
         self._work_done.set()
+        # Close the member first: Neli.close wakes the watchdog's pulse at once (an extra own
+        # heartbeat), where joining first waited for the pulse's poll_interval to run out.
+        self._close_member()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(5.0, 10 * self._config.poll_interval))
-        self._close_member()
 
 
 class Singleton:
