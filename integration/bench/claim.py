@@ -43,13 +43,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchlib import broker, percentile
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def run(bootstrap: str, trials: int, protocols: list[str]) -> dict[str, Any]:
@@ -320,14 +316,7 @@ def main() -> None:
     parser.add_argument("--full-replays", type=int, default=3,
                         help="reserves without the replay cache, per ledger")
     args = parser.parse_args()
-    kafka = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        from neli_orchestrate.testing import LocalKafka
-
-        kafka = LocalKafka().start()
-        bootstrap = kafka.bootstrap_servers
-    try:
+    with broker(args.bootstrap) as (bootstrap, _):
         if args.phases:
             profiles = [run_phases(bootstrap, args.trials, protocol)
                         for protocol in args.protocols]
@@ -336,9 +325,6 @@ def main() -> None:
                                    args.full_replays)
         else:
             results = run(bootstrap, args.trials, args.protocols)
-    finally:
-        if kafka is not None:
-            kafka.stop()
     if args.phases:
         load = os.getloadavg()
         rows = ["| phase | " + " | ".join(f"{p['protocol']} p50 ms" for p in profiles) + " |",

@@ -43,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchlib import broker, percentile
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TIMEOUT = 3.0          # session timeout of every variant, as in peers.py
 VARIANTS = ["classic-default", "consumer-default", "classic-fast", "consumer-fast"]
@@ -65,12 +67,6 @@ PROBES = [
     ("neli_orchestrate.core.kafka:ConfluentKafka", "watcher", "watcher"),
     ("neli_orchestrate.core.kafka:_ConfluentConsumer", "subscribe", "subscribe"),
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 # -- the member process ------------------------------------------------------------------------
@@ -260,18 +256,8 @@ def main() -> None:
     for item in args.code:
         name, _, path = item.partition("=")
         codes[name] = Path(path).resolve()
-    kafka = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        from neli_orchestrate.testing import LocalKafka
-
-        kafka = LocalKafka().start()
-        bootstrap = kafka.bootstrap_servers
-    try:
+    with broker(args.bootstrap) as (bootstrap, _):
         data = run(bootstrap, args.trials, args.variants, codes)
-    finally:
-        if kafka is not None:
-            kafka.stop()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()
     command = " ".join(["python integration/bench/member_start.py", f"--trials {args.trials}"]

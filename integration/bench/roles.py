@@ -48,15 +48,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchlib import broker, percentile
+
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT_LOG = logging.getLogger("bench.librdkafka")  # the driver's own clients log here
 HERE = Path(__file__).resolve()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 # -- worker: hosts one deployment's members for a slice of roles --------------------------------
@@ -485,16 +481,9 @@ def main() -> None:
         worker(json.loads(args.worker))
         return
     sizes = [tuple(int(n) for n in x.split("x")) for x in args.sizes.split(",")]
-    kafka = None
-    bootstrap, broker_pid = args.bootstrap, None
-    if bootstrap is None:
-        from neli_orchestrate.testing import LocalKafka
-
-        kafka = LocalKafka().start()
-        bootstrap, broker_pid = kafka.bootstrap_servers, kafka.pid
     loads = [os.getloadavg()[0]]
     baseline = None
-    try:
+    with broker(args.bootstrap) as (bootstrap, broker_pid):
         # A fresh JVM spends its first minute compiling: the first wave measured 3-4x the broker
         # CPU of the same wave repeated. Warm it up with a wave that is not recorded.
         print("warming the broker up (not recorded) ...", flush=True)
@@ -509,9 +498,6 @@ def main() -> None:
             print(f"{roles_total} roles, {min(live, roles_total)} live at once ...", flush=True)
             results.append(run_size(args, bootstrap, broker_pid, roles_total, live))
             loads.append(os.getloadavg()[0])
-    finally:
-        if kafka is not None:
-            kafka.stop()
     data = {"meta": {"command": "python integration/bench/roles.py " + " ".join(sys.argv[1:]),
                      "when": time.time(), "platform": platform.platform(),
                      "python": platform.python_version(), "cpus": os.cpu_count(),
