@@ -9,7 +9,7 @@ purpose (a member that trusts hints) and shows that the exclusivity check catche
 from __future__ import annotations
 
 import pytest
-from core_fakes import FakeClients, FakeCluster
+from core_fakes import FakeClients, FakeCluster, FakeConsumer
 
 from neli_orchestrate.core import FakeClock, LeaderEvent, Neli, NeliConfig
 from neli_orchestrate.core.heartbeat import Heartbeat, ReleaseHint, decode_heartbeat, decode_hint
@@ -240,7 +240,8 @@ def test_classic_follower_does_not_rejoin_when_the_leader_goes_quiet() -> None:
     assert consumer_b.rejoins == 0 and not b.is_leader
 
 
-def test_kip_848_follower_heartbeats_around_the_quiet_leaders_session_deadline() -> None:
+def slow_pair_whose_leader_goes_quiet() -> tuple[FakeCluster, Neli, FakeConsumer]:
+    """KIP-848, 3 s session, 1 s group heartbeat: A leads, B follows, then A stops pulsing."""
     cluster = FakeCluster(clock=FakeClock())
     slow = dict(group_protocol="consumer", session_timeout=3.0, heartbeat_timeout=1.0,
                 group_heartbeat_interval=1.0, heartbeat_interval=0.25, clock_error=0.5)
@@ -253,6 +254,11 @@ def test_kip_848_follower_heartbeats_around_the_quiet_leaders_session_deadline()
     for _ in range(8):
         a.pulse(0.1)
         b.pulse(0.1)
+    return cluster, b, consumer_b
+
+
+def test_kip_848_follower_heartbeats_around_the_quiet_leaders_session_deadline() -> None:
+    cluster, b, consumer_b = slow_pair_whose_leader_goes_quiet()
     silent_from = cluster.clock.monotonic()
     rejoins_at: list[float] = []
     while cluster.clock.monotonic() < silent_from + 5.0:
@@ -287,18 +293,7 @@ def test_a_hint_of_another_group_on_the_shared_partition_is_not_news() -> None:
 def test_other_groups_heartbeats_do_not_hide_our_quiet_leader() -> None:
     """The follower's silence watch must count only its own group's records: with another
     role's leader heartbeating on the same partition, ours still goes quiet."""
-    cluster = FakeCluster(clock=FakeClock())
-    slow = dict(group_protocol="consumer", session_timeout=3.0, heartbeat_timeout=1.0,
-                group_heartbeat_interval=1.0, heartbeat_interval=0.25, clock_error=0.5)
-    a, _ = member(cluster, "A", **slow)
-    consumer_a = cluster.consumer
-    b, _ = member(cluster, "B", **slow)
-    consumer_b = cluster.consumer
-    consumer_a.assign(0)
-    assert a.pulse(0.3)
-    for _ in range(8):
-        a.pulse(0.1)
-        b.pulse(0.1)
+    cluster, b, consumer_b = slow_pair_whose_leader_goes_quiet()
     silent_from = cluster.clock.monotonic()
     seq = 0
     rejoins_at: list[float] = []
