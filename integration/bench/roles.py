@@ -338,14 +338,17 @@ def run_size(args: argparse.Namespace, bootstrap: str, broker_pid: int | None,
     for wave_no, wave_roles in enumerate(slices(roles, live)):
         waves.append(run_wave(args, bootstrap, broker_pid, namespace, wave_no, wave_roles,
                               roles_total, handovers))
-    groups = count_groups(bootstrap, namespace, roles)
+    groups, configured = count_groups(bootstrap, namespace, roles)
     return {"roles": roles_total, "live": live, "namespace": namespace, "waves": waves,
             "handovers": handovers, "groups_on_broker": groups,
+            "groups_with_dynamic_config": configured,
             "broker_rss_mib_end": rss_mib(broker_pid) if broker_pid else None}
 
 
-def count_groups(bootstrap: str, namespace: str, roles: list[str]) -> int:
-    from confluent_kafka.admin import AdminClient
+def count_groups(bootstrap: str, namespace: str, roles: list[str]) -> tuple[int, int]:
+    """(consumer groups of these roles on the broker, groups of them holding a dynamic group
+    config, i.e. KIP-848 session and heartbeat settings a member wrote)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 
     from neli_orchestrate.core.namespace import derive
 
@@ -353,7 +356,17 @@ def count_groups(bootstrap: str, namespace: str, roles: list[str]) -> int:
     ours = {names.group_id(role) for role in roles}
     admin = AdminClient({"bootstrap.servers": bootstrap, "logger": CLIENT_LOG})
     result = admin.list_consumer_groups(request_timeout=30).result()
-    return sum(1 for g in result.valid if g.group_id in ours)
+    groups = sorted(g.group_id for g in result.valid if g.group_id in ours)
+    configured = 0
+    for start in range(0, len(groups), 100):
+        futures = admin.describe_configs(
+            [ConfigResource(ResourceType.GROUP, g) for g in groups[start:start + 100]],
+            request_timeout=30)
+        for future in futures.values():
+            entries = future.result()
+            if any(e.source == ConfigSource.GROUP_CONFIG.value for e in entries.values()):
+                configured += 1
+    return len(groups), configured
 
 
 def summarize(data: dict[str, Any]) -> str:
@@ -424,6 +437,8 @@ def summarize(data: dict[str, Any]) -> str:
     row("leader-topic records/s, idle (median / max over waves)",
         wave_median("leader_topic_records_per_s", fmt="{:.0f}"))
     row("consumer groups of the namespace on the broker", lambda s: str(s["groups_on_broker"]))
+    row("of them with a dynamic group config (KIP-848 session, heartbeat)",
+        lambda s: str(s.get("groups_with_dynamic_config", "–")))
     row("topics / partitions added per role", lambda s: "0 / 0")
     row("fenced events", lambda s: str(sum(w["fenced_events"] for w in s["waves"])))
     return "\n".join(lines) + "\n"
