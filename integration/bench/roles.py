@@ -2,7 +2,7 @@
 
 Usage::
 
-    python integration/bench/roles.py        # 100 roles 10/25/50 live, 1,000 roles 25 live
+    python integration/bench/roles.py        # 100 roles 10/25/50/100 live, 1,000 roles 25 live
     python integration/bench/roles.py --sizes 100x100 --bootstrap 127.0.0.1:9092   # roles x live
 
 Every role is contended by two deployments, as the example DAG's per-date roles are: role
@@ -472,7 +472,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", default="100x10,100x25,100x50,1000x25",
+    parser.add_argument("--sizes", default="100x10,100x25,100x50,100x100,1000x25",
                         help="ROLESxLIVE, comma-separated: roles in all, and live at once")
     parser.add_argument("--per-process", type=int, default=25, help="members per worker")
     parser.add_argument("--handovers", type=int, default=20,
