@@ -116,7 +116,11 @@ def test_paused_leader_reports_fenced_before_it_could_be_told_it_leads(
     assert after_stop[0]["ts"] <= successor_since, "its lease must end before the successor"
     assert not any(e["type"] == "LeaderAcquired" for e in after_stop), after_stop
     assert not any(s["leads"]["0"] for s in samples_after(leader, resumed_at))
-    assert follower.leading()
+    # Classic groups: the resumed member rejoins, and the rebalance it starts can hold the
+    # successor's commits (its lease renewals) back for a moment under load (seen once in CI):
+    # the successor leads again once the rebalance is over, and never overlaps the old leader.
+    wait_for("the successor to lead after the resumed member rejoined",
+             lambda: follower.leading(), [follower])
     assert_no_overlap([a, b])
 
 
