@@ -40,7 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
-from neli_orchestrate.core.kafka import LoginRefusal, is_authorization_error
+from neli_orchestrate.core.kafka import (
+    RECONNECT_BACKOFF_MS,
+    LoginRefusal,
+    is_authorization_error,
+)
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
@@ -482,7 +486,10 @@ class Singleton:
         neli = self.config.neli.resolved
         with self._ledger_lock:
             if self._admin is None:
-                self._admin = AdminClient({**_client_settings(neli.kafka_config),
+                # the short first reconnect of every member client (core.kafka): this
+                # client's first request is the gate's busy check
+                self._admin = AdminClient({"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                                           **_client_settings(neli.kafka_config),
                                            "bootstrap.servers": neli.bootstrap_servers,
                                            "error_cb": self._login,
                                            "logger": logging.getLogger(__name__ + ".librdkafka")})
