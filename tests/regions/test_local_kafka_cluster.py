@@ -27,10 +27,13 @@ def test_cluster_replicates_three_ways_and_survives_its_partition_leader_kill_9(
         admin.create_topics([NewTopic(topic, 1, -1)])[topic].result(30)
         deadline = time.monotonic() + 60
         while True:
-            partition = admin.list_topics(topic, timeout=10).topics[topic].partitions[0]
-            if len(partition.replicas) == 3 and len(partition.isrs) == 3:
+            # the answering broker may not list the new topic's partition yet (seen in CI)
+            listed = admin.list_topics(topic, timeout=10).topics.get(topic)
+            partition = listed.partitions.get(0) if listed is not None else None
+            seen = (partition.replicas, partition.isrs) if partition is not None else None
+            if seen is not None and len(seen[0]) == 3 and len(seen[1]) == 3:
                 break
-            assert time.monotonic() < deadline, (partition.replicas, partition.isrs)
+            assert time.monotonic() < deadline, f"partition 0 of {topic}: {seen}"
             time.sleep(0.5)
         configs = admin.describe_configs([ConfigResource("topic", topic)])
         (result,) = configs.values()
