@@ -450,7 +450,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
     for size in data["sizes"]:
         for kind, style in (("single", "-"), ("all-at-once", "--")):
             values = sorted(1000 * h["s"] for h in size["handovers"] if h["kind"] == kind)
@@ -464,7 +464,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("fraction of hand-overs")
     ax.axvline(1000, color="grey", lw=0.8)
     ax.set_title("Hand-over with many roles on one broker (two deployments per role)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the curves
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
