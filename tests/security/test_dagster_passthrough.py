@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 import pytest
-from security_harness import logged
+from security_harness import logged, materialize_a_day
 
 from neli_orchestrate.acls import required_acls
 
@@ -28,7 +28,7 @@ def test_dagster_resource_passes_sasl_to_every_client_and_keeps_the_secret_out_o
         secured_kafka, account, monkeypatch, caplog, capfd) -> None:  # type: ignore[no-untyped-def]
     import dagster as dg
 
-    from neli_orchestrate.dagster import NeliResource, NeliRun, singleton_asset
+    from neli_orchestrate.dagster import NeliResource
 
     caplog.set_level(logging.DEBUG)
     user, password = account
@@ -45,15 +45,7 @@ def test_dagster_resource_passes_sasl_to_every_client_and_keeps_the_secret_out_o
     resource = NeliResource(**fields, kafka_config={
         **kafka_config, "sasl.password": dg.EnvVar("NELI_TEST_KAFKA_PASSWORD")})
 
-    days = dg.DailyPartitionsDefinition(start_date="2013-01-01", end_date="2013-02-01")
-    executed: list[int] = []
-
-    @singleton_asset(partitions_def=days)
-    def flights(context: dg.AssetExecutionContext, run: NeliRun) -> int:
-        executed.append(run.token)
-        return run.token
-
-    result = dg.materialize([flights], resources={"neli": resource}, partition_key="2013-01-05")
+    result, executed = materialize_a_day(resource)
     assert result.success
     assert len(executed) == 1
     [materialization] = result.asset_materializations_for_node("flights")

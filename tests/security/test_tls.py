@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 from airflow.sdk import Connection
-from security_harness import logged
+from security_harness import logged, materialize_a_day
 
 from neli_orchestrate.acls import required_acls
 from neli_orchestrate.airflow.hooks.neli import NeliHook
@@ -57,7 +57,7 @@ def test_dagster_resource_over_sasl_ssl_runs_a_singleton_asset_and_verifies_the_
         secured_kafka_tls, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
     import dagster as dg
 
-    from neli_orchestrate.dagster import NeliResource, NeliRun, singleton_asset
+    from neli_orchestrate.dagster import NeliResource
 
     caplog.set_level(logging.DEBUG)
     user, password = f"svc-{uuid.uuid4().hex[:8]}", f"pw-{uuid.uuid4().hex}-secret"
@@ -71,17 +71,9 @@ def test_dagster_resource_over_sasl_ssl_runs_a_singleton_asset_and_verifies_the_
            "sasl.username": user, "ssl.ca.location": str(secured_kafka_tls.ca_location)}
     names_only = NeliResource(**fields, kafka_config=tls)
     secured_kafka_tls.grant(required_acls(names_only.singleton_config(), f"User:{user}"))
-    days = dg.DailyPartitionsDefinition(start_date="2013-01-01", end_date="2013-02-01")
-    executed: list[int] = []
-
-    @singleton_asset(partitions_def=days)
-    def flights(context: dg.AssetExecutionContext, run: NeliRun) -> int:
-        executed.append(run.token)
-        return run.token
-
     resource = NeliResource(**fields, kafka_config={
         **tls, "sasl.password": dg.EnvVar("NELI_TEST_KAFKA_PASSWORD")})
-    result = dg.materialize([flights], resources={"neli": resource}, partition_key="2013-01-05")
+    result, executed = materialize_a_day(resource)
     assert result.success and len(executed) == 1
     # Outside a Dagster run EnvVar fields are not resolved: read back with a literal password.
     reader = NeliResource(**fields, kafka_config={**tls, "sasl.password": password})
