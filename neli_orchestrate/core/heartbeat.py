@@ -22,6 +22,14 @@ __all__ = ["Heartbeat", "ReleaseHint", "decode_heartbeat", "decode_hint", "group
 _FORMAT = 1
 
 
+def _encode(key: str, group: str | None, **fields: object) -> tuple[bytes, bytes]:
+    """(key, value) of a leader-topic record: key = the member id, value = compact JSON."""
+    body: dict[str, object] = {"neli": _FORMAT, **fields}
+    if group is not None:
+        body["group"] = group
+    return key.encode("utf-8"), json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     """A member's heartbeat on the leader topic.
@@ -39,12 +47,8 @@ class Heartbeat:
 
     def encode(self) -> tuple[bytes, bytes]:
         """Return the record's (key, value)."""
-        body: dict[str, object] = {"neli": _FORMAT, "member": self.member, "seq": self.seq,
-                                   "sent_at": self.sent_at, "sent_wall": self.sent_wall}
-        if self.group is not None:
-            body["group"] = self.group
-        value = json.dumps(body, separators=(",", ":"))
-        return self.member.encode("utf-8"), value.encode("utf-8")
+        return _encode(self.member, self.group, member=self.member, seq=self.seq,
+                       sent_at=self.sent_at, sent_wall=self.sent_wall)
 
 
 def decode_heartbeat(key: bytes | None, value: bytes | None) -> Heartbeat | None:
@@ -61,10 +65,8 @@ def decode_heartbeat(key: bytes | None, value: bytes | None) -> Heartbeat | None
             return None
         if key is not None and key != member.encode("utf-8"):
             return None  # key and body disagree: not a well-formed heartbeat
-        group = data.get("group")
         return Heartbeat(member=member, seq=seq, sent_at=float(data["sent_at"]),
-                         sent_wall=float(data["sent_wall"]),
-                         group=group if isinstance(group, str) else None)
+                         sent_wall=float(data["sent_wall"]), group=_group(data))
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -86,12 +88,8 @@ class ReleaseHint:
 
     def encode(self) -> tuple[bytes, bytes]:
         """Return the record's (key, value)."""
-        body: dict[str, object] = {"neli": _FORMAT, "hint": _RELEASED, "member": self.member,
-                                   "sent_wall": self.sent_wall}
-        if self.group is not None:
-            body["group"] = self.group
-        value = json.dumps(body, separators=(",", ":"))
-        return self.member.encode("utf-8"), value.encode("utf-8")
+        return _encode(self.member, self.group, hint=_RELEASED, member=self.member,
+                       sent_wall=self.sent_wall)
 
 
 def decode_hint(value: bytes | None) -> ReleaseHint | None:
@@ -104,11 +102,15 @@ def decode_hint(value: bytes | None) -> ReleaseHint | None:
         if not isinstance(data, dict) or data.get("neli") != _FORMAT \
                 or data.get("hint") != _RELEASED or not isinstance(data.get("member"), str):
             return None
-        group = data.get("group")
         return ReleaseHint(member=data["member"], sent_wall=float(data.get("sent_wall", 0.0)),
-                           group=group if isinstance(group, str) else None)
+                           group=_group(data))
     except (ValueError, TypeError):
         return None
+
+
+def _group(data: dict[str, object]) -> str | None:
+    group = data.get("group")
+    return group if isinstance(group, str) else None
 
 
 _GROUP_FIELD = b'"group":'
