@@ -8,7 +8,7 @@ Usage::
         if run.should_run:
             build_table(token=run.token)     # leaving the block records COMPLETED
 
-The steps of one claim (DESIGN.md, layer 3): become leader of the role's NELI group → begin the
+The steps of one claim (docs/design.md, layer 3): become leader of the role's NELI group → begin the
 role's transactional ledger writer (``init_transactions()`` fences every earlier leader at the
 broker) → replay the ledger → apply the decision table (:mod:`neli_orchestrate.decision`) →
 write the claim with a new, larger token → run the work while a watchdog thread keeps the
@@ -182,11 +182,14 @@ class SingletonConfig:
         )
 
 
-def _client_settings(kafka_config: Any) -> dict[str, Any]:
+def ledger_client_settings(kafka_config: Any) -> dict[str, Any]:
     """Connection and security settings of a member's kafka_config that the ledger shares."""
     keep = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.",
             "reconnect.", "retry.", "retries", "debug", "log_level")
     return {k: v for k, v in dict(kafka_config).items() if k.startswith(keep)}
+
+
+_client_settings = ledger_client_settings
 
 
 @dataclass(frozen=True)
@@ -693,7 +696,7 @@ class Singleton:
         self, writer: LedgerWriter, replay: Replay, role: str, run_key: str, token: int,
         me: Claimant, now: float,
     ) -> tuple[LedgerRecord, Outcome, str]:
-        """An executor try whose claim moved on decides again, as a gate would (issue: retries).
+        """An executor try whose claim moved on decides again, as a gate would.
 
         Returns the RUNNING claim to write (a new, larger token); raises when this try must
         not run: :class:`SkippedRun` (completed), :class:`AcquireTimeoutError` (another

@@ -19,9 +19,14 @@ from typing import Any
 import click
 from rich.text import Text
 
-from neli_orchestrate.cli._context import Target, connection_options, group_prefix
+from neli_orchestrate.cli._context import (
+    Target,
+    connection_options,
+    group_prefix,
+    setting_option,
+)
 from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
-from neli_orchestrate.core.config import PROFILES, NeliConfig
+from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import ConfigError
 
@@ -429,14 +434,11 @@ _STYLE = {OK: Text("ok", style="green"), WARNING: Text("warning", style="yellow"
 
 @click.command()
 @connection_options
-@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
-              show_default=True, help="timing profile the deployments use")
-@click.option("--group-protocol", type=click.Choice(["auto", "classic", "consumer"]),
-              default="auto", show_default=True, help="group protocol the deployments use")
-@click.option("--session-timeout", type=float, default=None,
-              help="session timeout in seconds (default: from the profile)")
-@click.option("--heartbeat-timeout", type=float, default=None,
-              help="NELI heartbeat timeout in seconds (default: a third of the session)")
+@setting_option("profile", "--profile", help="timing profile the deployments use")
+@setting_option("group_protocol", "--group-protocol", default="auto", show_default=True,
+                help="group protocol the deployments use")
+@setting_option("session_timeout", "--session-timeout")
+@setting_option("heartbeat_timeout", "--heartbeat-timeout")
 @json_option
 def doctor(target: Target, profile: str, group_protocol: str, session_timeout: float | None,
            heartbeat_timeout: float | None, as_json: bool) -> int:

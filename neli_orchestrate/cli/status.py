@@ -14,9 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from neli_orchestrate.cli._context import Target, connection_options, role_of_group
+from neli_orchestrate.cli._context import (
+    Target,
+    connection_options,
+    role_of_group,
+    setting_option,
+)
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, table, when
-from neli_orchestrate.core.config import PROFILES, NeliConfig
+from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.roles import partition_for
 from neli_orchestrate.errors import KafkaUnavailableError
@@ -316,9 +321,8 @@ def _age(value: float | None) -> str:
 @connection_options
 @click.option("--role", "-r", "roles", multiple=True,
               help="only this role (repeatable; default: every role group of the namespace)")
-@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
-              show_default=True,
-              help="timing profile the deployments use (how fresh a leader's heartbeat must be)")
+@setting_option("profile", "--profile",
+                help="timing profile the deployments use (how fresh a leader's heartbeat must be)")
 @json_option
 def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) -> int:
     """Per role: members, who leads (from heartbeats), group protocol, session, lag."""

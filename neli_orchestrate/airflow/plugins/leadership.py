@@ -90,10 +90,7 @@ def _target(conn_id: str) -> tuple[Target, str]:
             f"'neli' connection the gates use, or open the page with ?conn_id=<its id> "
             f"({type(exc).__name__})") from None
     settings = NeliHook(conn_id, connection=conn).settings  # type: ignore[arg-type]
-    target = Target(bootstrap_servers=settings.bootstrap_servers, namespace=settings.namespace,
-                    ledger_topic_option=settings.ledger_topic,
-                    kafka_config=dict(settings.kafka_config),
-                    timeout=settings.connect_timeout)
+    target = Target(**{name: getattr(settings, name) for name in Target.model_fields})
     return target, settings.deployment
 
 
