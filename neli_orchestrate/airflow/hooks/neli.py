@@ -236,20 +236,20 @@ def settings_from_connection(
             raise ConfigError(f"unknown NELI setting {name!r}; known: {list(_TIMEOUT_EXTRAS)}")
         if value is not None:
             values[name] = value
-    values["deployment"] = deployment or values.get("deployment") or _configured("deployment")
-    if not values["deployment"]:
-        raise ConfigError(
-            f"connection {conn_id!r}: no deployment id; set the extra 'deployment' (e.g. "
-            '"us-east-1"), the [neli] deployment option (AIRFLOW__NELI__DEPLOYMENT) or pass '
-            "deployment= to the hook/operator"
-        )
-    values["namespace"] = namespace or values.get("namespace") or _configured("namespace")
-    if not values["namespace"]:
-        raise ConfigError(
-            f"connection {conn_id!r}: no namespace; set the extra 'namespace' (e.g. \"acme\"), "
-            "the [neli] namespace option (AIRFLOW__NELI__NAMESPACE) or pass namespace= to the "
-            "hook/operator. Every deployment that shares runs must use the same namespace."
-        )
+    # Deployment id and namespace: argument, else the connection, else the [neli] section.
+    for name, given, example, note in (
+        ("deployment", deployment, '"us-east-1"', "deployment id"),
+        ("namespace", namespace, '"acme"', "namespace"),
+    ):
+        values[name] = given or values.get(name) or _configured(name)
+        if not values[name]:
+            raise ConfigError(
+                f"connection {conn_id!r}: no {note}; set the extra {name!r} (e.g. {example}), "
+                f"the [neli] {name} option (AIRFLOW__NELI__{name.upper()}) or pass {name}= to "
+                "the hook/operator."
+                + (" Every deployment that shares runs must use the same namespace."
+                   if name == "namespace" else "")
+            )
     values["ledger_topic"] = ledger_topic or values.get("ledger_topic")
     for key, value in values["kafka_config"].items():
         if is_secret_key(key) and isinstance(value, str):
