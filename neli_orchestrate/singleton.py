@@ -39,6 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from neli_orchestrate.claim import Claim
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
 from neli_orchestrate.core.kafka import (
     RECONNECT_BACKOFF_MS,
@@ -214,42 +215,33 @@ class Reservation:
         """True if this deployment holds a fresh claim and its executor should run the work."""
         return self.token is not None
 
+    @property
+    def claim(self) -> Claim | None:
+        """The claim this deployment holds (the handle its work gets), None unless
+        :attr:`should_run`."""
+        if self.token is None:
+            return None
+        return Claim(token=self.token, run_key=self.run_key, role=self.role,
+                     deployment=self.deployment)
 
-class Run:
-    """One run of a role inside :meth:`Singleton.claim` or :meth:`Singleton.execute`.
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Run(Reservation):
+    """One run of a role inside :meth:`Singleton.claim` or :meth:`Singleton.execute`: the
+    answer, held while the work runs, and fenced (:meth:`check`, :meth:`on_fence`) if
+    leadership is lost meanwhile.
 
     ``outcome`` says what the decision table decided; run the work only if :attr:`should_run`.
     """
 
-    def __init__(
-        self,
-        *,
-        role: str,
-        run_key: str,
-        deployment: str,
-        outcome: Outcome,
-        reason: str,
-        token: int | None,
-        record: LedgerRecord | None,
-        wait_until: float | None = None,
-    ) -> None:
-        self.role = role
-        self.run_key = run_key
-        self.deployment = deployment
-        self.outcome = outcome
-        self.reason = reason
-        self.token = token
-        self.record = record
-        #: WAIT: wall-clock time after which claiming again may give another answer.
-        self.wait_until = wait_until
-        self._lock = threading.Lock()
-        self._fenced: str | None = None
-        self._callbacks: list[Callable[[str], object]] = []
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_lock", threading.Lock())
+        object.__setattr__(self, "_fenced", None)
+        object.__setattr__(self, "_callbacks", [])
 
-    @property
-    def should_run(self) -> bool:
-        """True if this member holds the claim (``token`` is set) and must do the work."""
-        return self.token is not None
+    _lock: threading.Lock = field(init=False, repr=False)
+    _fenced: str | None = field(init=False, repr=False)
+    _callbacks: list[Callable[[str], object]] = field(init=False, repr=False)
 
     @property
     def fenced(self) -> bool:
@@ -286,8 +278,9 @@ class Run:
         with self._lock:
             if self._fenced is not None:
                 return
-            self._fenced = reason
-            callbacks, self._callbacks = self._callbacks, []
+            object.__setattr__(self, "_fenced", reason)
+            callbacks = self._callbacks
+            object.__setattr__(self, "_callbacks", [])
         log.error("fenced: role %r run %r token %s: %s", self.role, self.run_key, self.token,
                   reason)
         for callback in callbacks:
@@ -942,9 +935,8 @@ class Singleton:
                    record=decision.latest, wait_until=decision.wait_until)
 
     def _reservation(self, run: Run) -> Reservation:
-        return Reservation(role=run.role, run_key=run.run_key, outcome=run.outcome,
-                           reason=run.reason, token=run.token, record=run.record,
-                           deployment=self.config.deployment, wait_until=run.wait_until)
+        return Reservation(**{f.name: getattr(run, f.name)
+                              for f in dataclasses.fields(Reservation)})
 
     def _metric(self, name: Metric, role: str, run_key: str | None = None, *,
                 outcome: Outcome | None = None, value: float = 1.0) -> None:

@@ -247,19 +247,7 @@ class NeliResource(dg.ConfigurableResource):
                 raise _give_up_failure(self.deployment, role, run_key, claim.record)
             if claim.outcome is not Outcome.WAIT:
                 stack.push(attempt.pop_all())
-                should_run = claim.should_run
-                return NeliRun(
-                    role=role,
-                    run_key=run_key,
-                    deployment=self.deployment,
-                    outcome=claim.outcome,
-                    should_run=should_run,
-                    token=claim.token if should_run else None,
-                    record=claim.record,
-                    handle=claim,
-                    log=context.log,
-                    time_to_lead=self._clock() - began,
-                )
+                return NeliRun(claim, log=context.log, time_to_lead=self._clock() - began)
             attempt.close()  # leave the group at once: the holder may need it to finish
             self._wait_or_give_up(deadline, role, run_key, claim.reason, context)
 

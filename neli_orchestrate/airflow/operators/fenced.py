@@ -147,7 +147,7 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
     Spark provider is never imported here) also gets them as ``spark.neli.*`` conf, which the
     job reads with :func:`neli_orchestrate.spark.read_neli_conf`.
     """
-    context[CLAIM_CONTEXT_KEY] = claim  # type: ignore[literal-required]
+    context[CLAIM_CONTEXT_KEY] = claim.xcom()  # type: ignore[literal-required]
     env = claim.env()
     if isinstance(getattr(task, "env", None), dict):
         task.env = {**task.env, **env}
