@@ -41,11 +41,7 @@ from typing import Any, TypeVar
 
 from neli_orchestrate.claim import Claim
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
-from neli_orchestrate.core.kafka import (
-    RECONNECT_BACKOFF_MS,
-    LoginRefusal,
-    is_authorization_error,
-)
+from neli_orchestrate.core.kafka import RECONNECT_BACKOFF_MS, ConfluentKafka
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
@@ -61,10 +57,8 @@ from neli_orchestrate.decision import (
 )
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
-    AuthorizationError,
     ConfigError,
     FencedError,
-    KafkaUnavailableError,
     SkippedRun,
 )
 from neli_orchestrate.ledger import (
@@ -451,7 +445,6 @@ class Singleton:
         self._membership: Callable[[str], int] = membership or (
             self._describe_members if neli_factory is None else (lambda group: 0))
         self._admin: Any = None
-        self._login = LoginRefusal()
 
     # -- public API --------------------------------------------------------------------------
 
@@ -477,36 +470,18 @@ class Singleton:
         return self._membership(self.config.role_neli(role).resolved.group_id)
 
     def _describe_members(self, group: str) -> int:
-        from confluent_kafka.admin import AdminClient
-
         neli = self.config.neli.resolved
         with self._ledger_lock:
             if self._admin is None:
-                # the short first reconnect of every member client (core.kafka): this
-                # client's first request is the gate's busy check
-                self._admin = AdminClient({"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
-                                           **_client_settings(neli.kafka_config),
-                                           "bootstrap.servers": neli.bootstrap_servers,
-                                           "error_cb": self._login,
-                                           "logger": logging.getLogger(__name__ + ".librdkafka")})
+                # through the Kafka seam, with the short first reconnect of every member
+                # client (core.kafka): this client's first request is the gate's busy check
+                self._admin = ConfluentKafka().admin({
+                    "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                    **ledger_client_settings(neli.kafka_config),
+                    "bootstrap.servers": neli.bootstrap_servers,
+                    "logger": logging.getLogger(__name__ + ".librdkafka")})
             admin = self._admin
-        timeout = neli.request_timeout
-        try:
-            futures = admin.describe_consumer_groups([group], request_timeout=timeout)
-            description = futures[group].result(timeout=timeout + 5)
-        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
-            refused = self._login.error(admin, f"describing consumer group {group!r}",
-                                        neli.bootstrap_servers)
-            if refused is not None:
-                raise refused from exc
-            if is_authorization_error(exc):
-                raise AuthorizationError(
-                    f"describing consumer group {group!r} was denied ({exc}): grant READ (or"
-                    f" DESCRIBE) on it; docs/security.md lists every ACL") from exc
-            raise KafkaUnavailableError(
-                f"cannot describe consumer group {group!r} at {neli.bootstrap_servers}: {exc}"
-            ) from exc
-        return len(description.members or [])
+        return int(admin.group_members(group, neli.request_timeout))
 
     def expire(self, role: str, retention: float) -> list[str]:
         """Tombstone ``role``'s finished run keys last written over ``retention`` seconds ago.

@@ -21,6 +21,7 @@ import click
 
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.observe import group_prefix, role_of_group
 from neli_orchestrate.settings import (
     ClusterSettings,
     NeliSettings,
@@ -41,19 +42,6 @@ def namespace_names(namespace: str, ledger_topic: str | None = None) -> Namespac
     """The group ids, topics and transactional-id prefix of ``namespace`` (the core's one
     derivation, shared with SingletonConfig, the Airflow hook and the Dagster resource)."""
     return derive(namespace, ledger_topic=ledger_topic)
-
-
-def group_prefix(names: Namespace) -> str:
-    """What every role group id of ``names`` starts with (for prefixed ACLs and discovery)."""
-    return names.group_id("\0").split("\0", 1)[0]
-
-
-def role_of_group(names: Namespace, group_id: str) -> str | None:
-    """The role whose NELI group is ``group_id``, or None if it is not one of ``names``."""
-    prefix = group_prefix(names)
-    if group_id.startswith(prefix) and len(group_id) > len(prefix):
-        return group_id[len(prefix):]
-    return None
 
 
 def _read_properties(path: Path) -> dict[str, str]:

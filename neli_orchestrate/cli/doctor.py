@@ -29,6 +29,7 @@ from neli_orchestrate.cli._output import emit, json_option, progress, stdout, ta
 from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.observe import broker_config, describe_config
 
 __all__ = ["Finding", "broker_config", "describe_config", "diagnose", "doctor"]
 
@@ -55,29 +56,6 @@ def _code(exc: BaseException) -> str:
     err = args[0] if args else None
     name = getattr(err, "name", None)
     return str(name()) if callable(name) else ""
-
-
-def describe_config(admin: Any, restype: str, name: str, timeout: float) -> dict[str, str] | None:
-    """Settings of a broker/topic/group resource, or None if they cannot be read."""
-    ck = _ck()
-    resource = ck.admin.ConfigResource(getattr(ck.admin.ResourceType, restype), name)
-    try:
-        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
-            timeout=timeout + 5)
-    except Exception:  # noqa: BLE001 - not allowed, not supported: the caller reports it
-        return None
-    return {key: entry.value for key, entry in entries.items() if entry.value is not None}
-
-
-def broker_config(admin: Any, timeout: float) -> dict[str, str] | None:
-    """The settings of one broker of the cluster (the first listed), or None."""
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except Exception:  # noqa: BLE001
-        return None
-    if not metadata.brokers:
-        return None
-    return describe_config(admin, "BROKER", str(min(metadata.brokers)), timeout)
 
 
 class _Doctor:

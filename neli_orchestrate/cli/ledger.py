@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import click
 from rich.markup import escape
@@ -12,7 +11,8 @@ from neli_orchestrate.cli._context import Target, connection_options, setting_op
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, stderr, table, when
 from neli_orchestrate.errors import KafkaUnavailableError, NeliError
 from neli_orchestrate.ledger import RunState
-from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory, read_history
+from neli_orchestrate.ledger.history import LedgerHistory, read_history
+from neli_orchestrate.observe import entry_data
 from neli_orchestrate.settings import NeliSettings, parse
 
 __all__ = ["ledger"]
@@ -29,25 +29,7 @@ def _read(target: Target, roles: list[str] | None) -> LedgerHistory:
         raise fail(str(exc)) from None
 
 
-def _entry_json(entry: HistoryEntry) -> dict[str, Any]:
-    record = entry.record
-    data: dict[str, Any] = {
-        "role": entry.role, "run_key": entry.run_key, "partition": entry.partition,
-        "offset": entry.offset, "timestamp": when(entry.timestamp),
-    }
-    if record is not None:
-        data.update({
-            "state": record.state.value, "token": record.token,
-            "deployment": record.deployment, "member": record.member,
-            "attempt": record.attempt, "at": when(record.at),
-            "handoff_deadline": when(record.handoff_deadline) or None,
-            "reason": record.reason,
-        })
-    elif entry.error is not None:
-        data["error"] = entry.error
-    else:
-        data["tombstone"] = True
-    return data
+_entry_json = entry_data
 
 
 def _warn_about(history: LedgerHistory, as_json: bool) -> list[str]:

@@ -23,7 +23,7 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -36,6 +36,7 @@ from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import FencedError, StaleTokenError
 from neli_orchestrate.ledger import LedgerRecord
 from neli_orchestrate.metrics import MetricEvent
+from neli_orchestrate.observe import Overview, collect_overview
 from neli_orchestrate.singleton import Reservation, Singleton, SingletonConfig
 
 logger = logging.getLogger(__name__)
@@ -153,6 +154,11 @@ class NeliResource(dg.ConfigurableResource):
     def status(self, role: str, run_key: str) -> LedgerRecord | None:
         """Return the latest ledger record of ``role``/``run_key`` (None if never claimed)."""
         return self.get_singleton().status(role, run_key)
+
+    def overview(self, roles: Sequence[str] = (), run_key: str | None = None) -> Overview:
+        """Who leads each role (every role of the namespace if empty), its members and the
+        latest ledger entries: the read model the CLI and the Airflow page show."""
+        return collect_overview(self.neli_settings(), self.deployment, roles, run_key)
 
     def reset(self, role: str, run_key: str, reason: str) -> LedgerRecord:
         """Reset a finished run key so that its next run computes it again (audited).
