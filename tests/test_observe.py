@@ -45,3 +45,18 @@ def test_the_cli_and_the_airflow_page_read_through_the_read_model() -> None:
     assert status.collect_status is observe.collect_status
     assert ledger._entry_json is observe.entry_data and _output.when is observe.iso_time
     assert leadership.collect_overview is observe.collect_overview
+
+
+def test_the_dagster_resource_reads_through_the_read_model(monkeypatch) -> None:
+    from neli_orchestrate.dagster import NeliResource, resource
+
+    seen = {}
+    monkeypatch.setattr(resource, "collect_overview",
+                        lambda *args: seen.setdefault("args", args))
+    neli = NeliResource(bootstrap_servers="kafka:9092", deployment="eu-1", namespace="acme",
+                        kafka_config={"client.rack": "az1"})
+    neli.overview(["daily"], "2013-01-05")
+    cluster, deployment, roles, run_key = seen["args"]
+    assert (deployment, roles, run_key) == ("eu-1", ["daily"], "2013-01-05")
+    assert cluster.names.ledger_topic == "acme.ledger"
+    assert cluster.client_config() == {"bootstrap.servers": "kafka:9092", "client.rack": "az1"}

@@ -20,6 +20,8 @@ from neli_orchestrate.spark.conf import SparkJobCanceller, cancel_on_fence
 
 if TYPE_CHECKING:
     from neli_orchestrate.claim import Claim
+    from neli_orchestrate.decision import Outcome
+    from neli_orchestrate.ledger import LedgerRecord
     from neli_orchestrate.singleton import Run
 
 logger = logging.getLogger(__name__)
@@ -28,6 +30,10 @@ FenceCallback = Callable[[str], Any]
 
 # Tag the Dagster docs suggest for runs of scheduled jobs; the same tick in every deployment.
 SCHEDULED_EXECUTION_TIME_TAG = "dagster/scheduled_execution_time"
+
+
+#: What a NeliRun reads from the singleton's Run it wraps.
+_FROM_RUN = frozenset({"role", "run_key", "deployment", "outcome", "token", "record", "reason"})
 
 
 class NeliRun:
@@ -40,6 +46,21 @@ class NeliRun:
        :meth:`cancel_spark_on_fence` are cancelled by the watchdog thread, everything else must
        call :meth:`check` between units of work (or register its own :meth:`on_fence`).
     """
+
+    #: The role: the asset key (``a/b``) or the op, unless given.
+    role: str
+    #: The run key: the partition key, unless given.
+    run_key: str
+    #: This deployment's id.
+    deployment: str
+    #: What the decision table decided (RUN, TAKE_OVER, RETRY, SKIP_DONE, ...).
+    outcome: Outcome
+    #: The fencing token when :attr:`should_run`, else None.
+    token: int | None
+    #: The latest ledger record the decision saw (for a skip: who completed the run).
+    record: LedgerRecord | None
+    #: Why the decision table decided as it did.
+    reason: str
 
     def __init__(
         self,
@@ -62,14 +83,11 @@ class NeliRun:
             # before the cancelled work's exception reaches the step.
             run.on_fence(self._note_fence)
 
-    # The singleton's answer, as the step sees it.
-    role = property(lambda self: self._run.role, doc="The role (asset key or op).")
-    run_key = property(lambda self: self._run.run_key, doc="The run key (partition).")
-    deployment = property(lambda self: self._run.deployment, doc="This deployment's id.")
-    outcome = property(lambda self: self._run.outcome, doc="What the decision table decided.")
-    token = property(lambda self: self._run.token, doc="The fencing token (None: not here).")
-    record = property(lambda self: self._run.record, doc="The latest record the decision saw.")
-    reason = property(lambda self: self._run.reason, doc="Why the decision table decided so.")
+    def __getattr__(self, name: str) -> Any:
+        # The singleton's answer, as the step sees it (the attributes annotated above).
+        if name in _FROM_RUN:
+            return getattr(self._run, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def claim(self) -> Claim | None:
