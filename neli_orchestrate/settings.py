@@ -38,8 +38,9 @@ __all__ = ["ClusterSettings", "NeliSettings", "choices", "declaration", "field",
 #: The group protocols a setting may name (None: the core's default, ``auto``).
 GroupProtocolName = Literal["auto", "classic", "consumer"]
 
-_SECONDS = ("connect_timeout", "session_timeout", "heartbeat_timeout", "handoff_timeout",
-            "acquire_timeout")
+#: The numeric settings (seconds, attempts).
+_NUMBERS = ("connect_timeout", "session_timeout", "heartbeat_timeout", "handoff_timeout",
+            "acquire_timeout", "max_attempts")
 
 
 class ClusterSettings(BaseModel):
@@ -96,10 +97,13 @@ class ClusterSettings(BaseModel):
             raise ValueError("kafka_config sets settings the protocol owns: " + "; ".join(refused))
         return value
 
-    @field_validator("connect_timeout", mode="before")
+    @field_validator(*_NUMBERS, mode="before", check_fields=False)
     @classmethod
     def _no_bool(cls, value: Any) -> Any:
-        return _refuse_bool(value)
+        # pydantic would read True as 1: a switch is not a number of seconds or attempts
+        if isinstance(value, bool):
+            raise ValueError(f"must be a number, not {value!r}")
+        return value
 
     @property
     def names(self) -> Namespace:
@@ -197,12 +201,6 @@ class NeliSettings(ClusterSettings):
             raise ValueError(f"is not a timing profile: choose one of {sorted(PROFILES)}")
         return value
 
-    @field_validator(*(n for n in _SECONDS if n != "connect_timeout"), "max_attempts",
-                     mode="before")
-    @classmethod
-    def _no_bool_here(cls, value: Any) -> Any:
-        return _refuse_bool(value)
-
     def neli_config(self) -> Any:
         """The protocol core's :class:`~neli_orchestrate.core.NeliConfig` (group and topic stay
         unset: the singleton layer derives them per role from the namespace)."""
@@ -234,12 +232,6 @@ class NeliSettings(ClusterSettings):
     def check(self) -> None:
         """Apply the core's checks across settings (heartbeat within the session, ...)."""
         self.singleton_config()
-
-
-def _refuse_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError(f"must be a number, not {value!r}")
-    return value
 
 
 def field(name: str, model: type[ClusterSettings] = NeliSettings) -> Any:
