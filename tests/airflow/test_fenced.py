@@ -325,3 +325,99 @@ def test_real_ledger_fenced_task_completes_once_then_skips_and_superseded_fails(
     with pytest.raises(AcquireTimeoutError) as failed:
         late.execute(context_for(late, stale))
     assert B in str(failed.value) and str(second.token) in str(failed.value)
+
+
+# -- stop first, then record, then release: real Airflow task runner, real broker ------------
+
+STOP_FIRST_DAG = '''
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+import psutil
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG
+
+from neli_orchestrate.airflow import LeaderGateOperator
+from neli_orchestrate.core.neli import Neli
+from neli_orchestrate.ledger.kafka import KafkaLedgerWriter
+
+PID = Path({pid!r})
+PROBE = Path({probe!r})
+
+
+def _alive():
+    """Is the work's process alive right now? None before the work started it."""
+    text = PID.read_text().strip() if PID.exists() else ""
+    if not text:
+        return None
+    try:
+        return psutil.Process(int(text)).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _note(what):
+    with PROBE.open("a") as probe:
+        probe.write(f"{{what}} {{_alive()}}\\n")
+
+
+# The probe: at the moment a ledger record is written and a member leaves its group, note
+# whether the work's process still runs (this file runs in the task process).
+_write, _close = KafkaLedgerWriter.write, Neli.close
+
+
+def write(self, record):
+    _note(f"record:{{record.state}}")
+    return _write(self, record)
+
+
+def close(self):
+    _note("leave")
+    return _close(self)
+
+
+KafkaLedgerWriter.write, Neli.close = write, close
+
+with DAG("stop_first", schedule=None, start_date=pendulum.datetime(2013, 1, 1, tz="UTC")):
+    gate = LeaderGateOperator(task_id="gate", role="stop_first", poke_interval=1,
+                              acquire_timeout=30, run_acquire_timeout=30)
+    gate >> BashOperator(task_id="job", bash_command="sleep 20 & echo $! > {pid}; wait",
+                         execution_timeout=timedelta(seconds=2), retries=0)
+'''
+
+
+@pytest.mark.kafka
+def test_execution_timeout_stops_the_work_before_failed_is_recorded_and_the_group_left(
+    tmp_path, neli_conn
+) -> None:
+    import json as _json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from dagtest_runner import run_dag
+
+    pid, probe = tmp_path / "sleep.pid", tmp_path / "probe.txt"
+    conn = neli_conn(A, conn_id="neli_default")
+    started = time.monotonic()
+    result = run_dag(
+        tmp_path,
+        STOP_FIRST_DAG.format(pid=str(pid), probe=str(probe)),
+        "stop_first",
+        connections={"neli_default": {"conn_type": "neli", "host": conn.host,
+                                      "extra": _json.loads(conn.extra)}},
+    )
+    took = time.monotonic() - started
+    assert "AirflowTaskTimeout" in result.output, result.output[-4000:]
+    notes = [line.split() for line in probe.read_text().splitlines()]
+    during = [(what, alive) for what, alive in notes if alive != "None"]
+    # Once the work had started, every record and every leave found its process gone.
+    assert ("record:FAILED", "False") in during, (during, result.output[-3000:])
+    assert ("leave", "False") in during, during
+    assert all(alive == "False" for _, alive in during), during
+    assert took < 60, f"the 20 s sleep was not cut short ({took:.0f} s)"
+    with NeliHook(conn.conn_id, connection=conn).get_singleton() as singleton:
+        record = singleton.status("stop_first", "stop_first/2013-01-01T00:00:00+00:00")
+    assert record is not None and record.state is RunState.FAILED, record
+    assert "AirflowTaskTimeout" in (record.reason or ""), record

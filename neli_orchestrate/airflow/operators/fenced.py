@@ -38,6 +38,12 @@ What a fenced task does (through :meth:`neli_orchestrate.Singleton.execute`):
 4. Records ``COMPLETED`` on success, ``FAILED`` with the reason on error. Airflow retries
    apply; a retry decides again and may re-claim the run with a new, larger token (the work
    sees the new one).
+
+Stop first, then record, then release: whatever ends the work (a fence, ``execution_timeout``,
+SIGTERM, an exception from the work) calls ``on_kill()`` and kills every process the work
+started *before* ``FAILED`` is recorded and before the member leaves the role's group. Airflow
+itself would call ``on_kill()`` on a timeout only after ``execute`` returned, by which time the
+role was released; and on SIGTERM it only calls ``on_kill()``, which here also fails the try.
 """
 
 from __future__ import annotations
@@ -236,6 +242,7 @@ class _FencedExecution:
         self.fence_reason: str | None = None
         self.in_work = False
         self.children_before: set[int] = set()
+        self.previous_term: Any = None
 
     def run(self, singleton: Any) -> Any:
         claim = self.claim
@@ -276,13 +283,36 @@ class _FencedExecution:
         try:
             with _environ(current.env()):
                 return self.work()
-        except TaskDeferred as exc:
-            raise AirflowFailException(
-                f"{task.task_id} tried to defer while running under a claim; a fenced task must "
-                "do its work in the worker: pass deferrable=False"
-            ) from exc
+        except BaseException as exc:
+            # Stop first, then record, then release: an execution_timeout (Airflow raises
+            # AirflowTaskTimeout here and calls on_kill only after execute returned), a SIGTERM
+            # or the work's own error stops everything the work started before the singleton
+            # records FAILED and leaves the group. A fence already stopped it (_fence_now).
+            if self.in_work:
+                self.in_work = False
+                self._stop_work(f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, TaskDeferred):
+                raise AirflowFailException(
+                    f"{task.task_id} tried to defer while running under a claim; a fenced task "
+                    "must do its work in the worker: pass deferrable=False"
+                ) from exc
+            raise
         finally:
             self.in_work = False
+
+    def _stop_work(self, why: str) -> None:
+        """Stop the work and every process it started: ``on_kill()``, then kill what is left."""
+        task = self.task
+        task.log.error("Stopping the work before anything is recorded (%s)", why)
+        try:
+            task.on_kill()
+        except Exception:  # noqa: BLE001 - still stop the processes and fail the task
+            task.log.exception("on_kill() failed while stopping the work")
+        killed, alive = _kill_new_children(self.children_before)
+        if killed:
+            task.log.warning("killed processes the work left behind: %s", killed)
+        if alive:
+            task.log.error("processes the work started survived SIGKILL: %s", alive)
 
     # -- the fence: watchdog thread -> SIGUSR1 -> main thread --------------------------------
 
@@ -303,14 +333,20 @@ class _FencedExecution:
                 "task when the work returns"
             )
             return False, None
+        # Only a Python SIGTERM handler (Airflow's task runner installs one) is chained; where
+        # SIGTERM keeps its default action the process dies and records nothing.
+        self.previous_term = signal.getsignal(signal.SIGTERM)
+        if callable(self.previous_term):
+            signal.signal(signal.SIGTERM, self._terminate)
         return True, signal.signal(FENCE_SIGNAL, self._signal_handler)
 
-    @staticmethod
-    def _restore_handler(installed: tuple[bool, Any]) -> None:
+    def _restore_handler(self, installed: tuple[bool, Any]) -> None:
         done, previous = installed
         if done:
             # None means "not set from Python": the default action is what was there.
             signal.signal(FENCE_SIGNAL, signal.SIG_DFL if previous is None else previous)
+            if callable(self.previous_term):
+                signal.signal(signal.SIGTERM, self.previous_term)
 
     def _signal_handler(self, signum: int, frame: Any) -> None:
         if self.fence_reason is None:
@@ -322,18 +358,24 @@ class _FencedExecution:
             # Not inside the work: the singleton itself raises FencedError at its next step.
             return
         self.in_work = False
-        task = self.task
         reason = self.fence_reason
-        task.log.error("Fenced while running (%s): killing the work", reason)
-        try:
-            task.on_kill()
-        except Exception:  # noqa: BLE001 - still fail the task
-            task.log.exception("on_kill() failed while fencing")
-        leftovers = _kill_new_children(self.children_before)
-        if leftovers:
-            task.log.warning("killed processes the work left behind: %s", leftovers)
+        self._stop_work(f"fenced: {reason}")
         # Retryable: the singleton turns this into FencedError, and run() decides final or not.
         raise AirflowException(f"Fenced: {reason}; the work was killed")
+
+    def _terminate(self, signum: int, frame: Any) -> None:
+        """SIGTERM during the fenced run: Airflow's handler (``on_kill``), then fail the work.
+
+        Airflow 3's task runner only calls ``on_kill()`` on SIGTERM and lets ``execute`` go on
+        (it may even succeed). Under a claim that would record COMPLETED or keep the role while
+        the supervisor is about to kill the process; instead the work stops here and the try
+        fails, so FAILED is recorded and the group left only after the work stopped.
+        """
+        previous = self.previous_term
+        if callable(previous):
+            previous(signum, frame)
+        if self.in_work:
+            raise AirflowException("terminated (SIGTERM) while running under a claim")
 
 
 @contextlib.contextmanager
@@ -356,11 +398,12 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _kill_new_children(before: set[int], *, timeout: float = 10.0) -> list[int]:
+def _kill_new_children(before: set[int], *, timeout: float = 10.0) -> tuple[list[int], list[int]]:
     """Kill every descendant of this process started since ``before`` was taken.
 
-    ``on_kill`` does not always reach every process: spark-submit's kill stops the JVM, not
-    the Python driver it started; a bash script may leave background jobs.
+    Returns (killed, still alive after ``timeout``). ``on_kill`` does not always reach every
+    process: spark-submit's kill stops the JVM, not the Python driver it started; a bash script
+    may leave background jobs.
     """
     import psutil
 
@@ -373,8 +416,8 @@ def _kill_new_children(before: set[int], *, timeout: float = 10.0) -> list[int]:
             procs.append(proc)
         except psutil.NoSuchProcess:
             continue
-    psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in procs]
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in procs], [p.pid for p in alive]
 
 
 # -- the stock form: the gate's direct child ---------------------------------------------------
