@@ -421,3 +421,16 @@ def test_execution_timeout_stops_the_work_before_failed_is_recorded_and_the_grou
         record = singleton.status("stop_first", "stop_first/2013-01-01T00:00:00+00:00")
     assert record is not None and record.state is RunState.FAILED, record
     assert "AirflowTaskTimeout" in (record.reason or ""), record
+
+
+def test_the_docs_say_what_a_fence_raises() -> None:
+    # docs/airflow.md once said a fence raised AirflowFailException "without retries" while the
+    # code raised a retryable AirflowException (the tests above pin the code's choice).
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "airflow.md").read_text()
+    fenced_task = text[text.index("### The fenced task"):]
+    fenced_task = fenced_task[:fenced_task.index("\n## ")]
+    assert "without retries" not in fenced_task
+    assert "a fence fails this try, not the run" in fenced_task
+    assert "*final* fence" in fenced_task and "`AirflowFailException`" in fenced_task
