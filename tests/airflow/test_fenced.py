@@ -21,7 +21,11 @@ from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
+from neli_orchestrate.airflow.operators.fenced import (
+    FencedExecutionMixin,
+    fence_downstream,
+    fenced,
+)
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
 from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
 from neli_orchestrate.errors import AcquireTimeoutError, FencedError, SkippedRun
@@ -65,6 +69,7 @@ class XComTI:
 
     try_number = 1
     map_index = -1
+    stats_tags: dict[str, str] = {}  # noqa: RUF012 - read by the resumable job
 
     def __init__(self, claim: Any) -> None:
         self.claim = claim
@@ -167,6 +172,73 @@ def test_spark_job_gets_the_token_of_the_current_claim_as_spark_conf(fake, monke
         "spark.neli.deployment": A,
         "spark.neli.attempt": "1",
     }
+
+
+class StateStore:
+    """Airflow 3.3's task state store as the resumable job sees it (get/set by key)."""
+
+    def __init__(self, **values: Any) -> None:
+        self.values = dict(values)
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        self.values[key] = value
+
+
+def test_a_new_claim_submits_a_new_application_instead_of_resuming_an_earlier_tries(
+    fake, monkeypatch
+) -> None:
+    # Standalone cluster mode: the stock operator is a resumable job (durable=True). An earlier
+    # try stored its driver id; that driver FINISHED under an older token. Resuming it would
+    # record COMPLETED under token 12 although nothing ran under it.
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CLUSTER",
+        '{"conn_type": "spark", "host": "spark://127.0.0.1:7077", '
+        '"extra": {"deploy-mode": "cluster"}}',
+    )
+    calls: list[str] = []
+    monkeypatch.setattr(SparkSubmitOperator, "get_job_status",
+                        lambda self, external_id, ctx: calls.append(f"status {external_id}")
+                        or "FINISHED")
+    monkeypatch.setattr(SparkSubmitOperator, "submit_job",
+                        lambda self, ctx: calls.append(f"submit {self.conf['spark.neli.token']}")
+                        or "driver-new")
+    monkeypatch.setattr(SparkSubmitOperator, "poll_until_complete",
+                        lambda self, external_id, ctx: calls.append(f"poll {external_id}"))
+    fake.run_token = 12
+    task = dag_with(lambda: SparkSubmitOperator(task_id="job", application="job.py",
+                                                conn_id="spark_cluster"))
+    fence_downstream(task.dag)  # what the cluster policy does when Airflow loads the file
+    assert task.durable is True  # the provider's default
+    context = context_for(task, claim(5))
+    context["ti"].task = task
+    context["task_state_store"] = StateStore(spark_job_id="driver-old")
+    task.execute(context)
+    assert calls == ["submit 12", "poll driver-new"]
+    assert task.durable is False
+
+
+def test_a_submission_that_would_return_early_fails_before_anything_is_claimed(
+    fake, monkeypatch
+) -> None:
+    # The connection (not the DAG file) makes it YARN cluster mode: refused at run time, from
+    # the provider's own parsing, before the singleton runs anything.
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_YARN",
+        '{"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}',
+    )
+    task = dag_with(lambda: SparkSubmitOperator(
+        task_id="job", application="job.py", conn_id="spark_yarn", durable=False,
+        conf={"spark.yarn.submit.waitAppCompletion": "{{ 'false' }}"}))
+    fence_downstream(task.dag)  # templated: not refused at import
+    task.render_template_fields({})
+    context = context_for(task, claim(5))
+    context["ti"].task = task
+    with pytest.raises(AirflowFailException, match="yarn_track_via_rm_api=True"):
+        task.execute(context)
+    assert fake.calls == []
 
 
 def test_completed_elsewhere_skips_the_task(fake) -> None:

@@ -122,6 +122,25 @@ UNFENCEABLE = {
         '[gate, g2] >> BashOperator(task_id="a", bash_command="true")',
         "also directly downstream of gate(s)",
     ),
+    "spark-submit that returns at submission (YARN)": (
+        "from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator\n"
+        'gate >> SparkSubmitOperator(task_id="a", application="job.py", deploy_mode="cluster", '
+        'conf={"spark.yarn.submit.waitAppCompletion": "false"})',
+        "COMPLETED must mean the Spark application finished: "
+        "spark.yarn.submit.waitAppCompletion=false",
+    ),
+    "spark-submit that returns at submission (Kubernetes)": (
+        "from neli_orchestrate.airflow import FencedSparkSubmitOperator\n"
+        'gate >> FencedSparkSubmitOperator(task_id="a", application="job.py", '
+        'conf={"spark.kubernetes.submission.waitAppCompletion": "False"})',
+        "pass track_driver_via_k8s_api=True",
+    ),
+    "spark-submit in cluster mode the provider does not track": (
+        "from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator\n"
+        'gate >> SparkSubmitOperator(task_id="a", application="job.py", '
+        'conf={"spark.submit.deployMode": "cluster"})',
+        "Pass deploy_mode='cluster' to the operator",
+    ),
     "mapped gate": (
         'LeaderGateOperator.partial(task_id="g2", role="r").expand(run_key=["a", "b"])',
         "a LeaderGateOperator cannot be mapped",

@@ -81,6 +81,22 @@ logger = logging.getLogger(__name__)
 #: The signal the watchdog sends to the task's main thread on fence.
 FENCE_SIGNAL = signal.SIGUSR1
 
+#: Seconds a stopped try asks the cluster manager whether its remote Spark driver is gone
+#: (environment ``NELI_SPARK_KILL_CONFIRM_TIMEOUT`` overrides).
+KILL_CONFIRM_TIMEOUT = 30.0
+
+
+def kill_confirm_timeout() -> float:
+    """:data:`KILL_CONFIRM_TIMEOUT`, or ``$NELI_SPARK_KILL_CONFIRM_TIMEOUT`` if set."""
+    value = os.environ.get("NELI_SPARK_KILL_CONFIRM_TIMEOUT")
+    try:
+        return float(value) if value else KILL_CONFIRM_TIMEOUT
+    except ValueError:
+        raise ConfigError(
+            f"NELI_SPARK_KILL_CONFIRM_TIMEOUT={value!r} is not a number of seconds"
+        ) from None
+
+
 #: Class attribute that marks LeaderGateOperator (found without importing it: no circle).
 GATE_MARKER = "neli_gate"
 
@@ -171,6 +187,18 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
             ),
         }
         task._hook = None  # the hook copies conf when it is built: build it with the claim
+        if getattr(task, "durable", False):
+            # Airflow 3.3's SparkSubmitOperator is a resumable job: a try reattaches to the
+            # application an earlier try stored, or returns at once if it succeeded. Under a
+            # claim that earlier application ran under an older token (every try that starts
+            # work gets a new one: the singleton never runs one token twice), so resuming it
+            # would record COMPLETED under this token for work this claim never ran.
+            task.durable = False
+            task.log.info(
+                "Resumable job off for this fenced try (durable=False): token %s submits its "
+                "own Spark application; an earlier try's application is never resumed",
+                claim.token,
+            )
     task.log.info(
         "Running under fencing token %s (run %r, role %r, deployment %r)",
         claim.token,
@@ -185,6 +213,19 @@ def _is_spark_submit(task: Any) -> bool:
         cls.__name__ == "SparkSubmitOperator" and cls.__module__.startswith("airflow.providers.")
         for cls in type(task).__mro__
     )
+
+
+def _refuse_early_return(task: Any) -> None:
+    """Fail (no retry) before claiming if spark-submit would return before the app finished."""
+    from neli_orchestrate.spark.applications import submission_problem
+
+    try:
+        problem = submission_problem(task._get_hook())
+    except (AttributeError, KeyError, TypeError):  # not the provider's hook as we know it
+        task.log.warning("cannot read the Spark provider's settings: completion not checked")
+        return
+    if problem:
+        raise AirflowFailException(f"{task.task_id}: {problem}")
 
 
 def run_fenced(
@@ -203,6 +244,8 @@ def run_fenced(
     """
     gate = find_gate(task, gate_task_id)
     claim = pull_claim(context, gate)
+    if _is_spark_submit(task):
+        _refuse_early_return(task)
     hook = NeliHook(
         neli_conn_id or gate.neli_conn_id,
         deployment=gate.deployment,
@@ -243,6 +286,8 @@ class _FencedExecution:
         self.in_work = False
         self.children_before: set[int] = set()
         self.previous_term: Any = None
+        #: Set when a remote Spark application could not be confirmed stopped.
+        self.not_stopped: str | None = None
 
     def run(self, singleton: Any) -> Any:
         claim = self.claim
@@ -291,6 +336,9 @@ class _FencedExecution:
             if self.in_work:
                 self.in_work = False
                 self._stop_work(f"{type(exc).__name__}: {exc}")
+                if self.not_stopped and not isinstance(exc, TaskDeferred):
+                    raise AirflowException(f"{type(exc).__name__}: {exc}; {self.not_stopped}") \
+                        from exc
             if isinstance(exc, TaskDeferred):
                 raise AirflowFailException(
                     f"{task.task_id} tried to defer while running under a claim; a fenced task "
@@ -313,6 +361,31 @@ class _FencedExecution:
             task.log.warning("killed processes the work left behind: %s", killed)
         if alive:
             task.log.error("processes the work started survived SIGKILL: %s", alive)
+        if _is_spark_submit(task):
+            self._confirm_remote_stopped()
+
+    def _confirm_remote_stopped(self) -> None:
+        """Cluster deploy mode: ask the cluster manager until the driver is no longer active."""
+        from neli_orchestrate.spark.applications import (
+            ApplicationNotStopped,
+            confirm_stopped,
+            remote_application,
+        )
+
+        try:
+            application = remote_application(getattr(self.task, "_hook", None))
+        except (AttributeError, KeyError, TypeError):
+            application = None
+        if application is None:
+            return
+        try:
+            state = confirm_stopped(self.task, application, self.context,
+                                    deadline=kill_confirm_timeout())
+        except ApplicationNotStopped as exc:
+            self.not_stopped = str(exc)
+            self.task.log.error("%s", exc)
+        else:
+            self.task.log.info("%s stopped: the cluster manager reports %s", application, state)
 
     # -- the fence: watchdog thread -> SIGUSR1 -> main thread --------------------------------
 
@@ -361,6 +434,8 @@ class _FencedExecution:
         reason = self.fence_reason
         self._stop_work(f"fenced: {reason}")
         # Retryable: the singleton turns this into FencedError, and run() decides final or not.
+        if self.not_stopped:
+            raise AirflowException(f"Fenced: {reason}; {self.not_stopped}")
         raise AirflowException(f"Fenced: {reason}; the work was killed")
 
     def _terminate(self, signum: int, frame: Any) -> None:
@@ -482,6 +557,19 @@ def _check_explicit(dag: Any, task: Any) -> None:
         )
 
 
+def _check_spark_completion(what: str, task: Any) -> None:
+    """Refuse a SparkSubmitOperator whose spark-submit returns before the application ended."""
+    if not _is_spark_submit(task):
+        return
+    from neli_orchestrate.spark.applications import import_problem
+
+    problem = import_problem(task)
+    if problem:
+        raise UnfenceableTaskError(
+            f"{what}: COMPLETED must mean the Spark application finished: {problem}"
+        )
+
+
 def _fence_child_of(gate: Any) -> None:
     dag_id = gate.dag.dag_id if gate.dag else "?"
     where = f"DAG {dag_id!r}, gate {gate.task_id!r}"
@@ -529,6 +617,7 @@ def _fence_child_of(gate: Any) -> None:
             f"{what} is also directly downstream of gate(s) {others}; a task runs under one "
             "claim: keep one gate"
         )
+    _check_spark_completion(what, child)
     if isinstance(child, FencedExecutionMixin):
         if child.gate_task_id not in (None, gate.task_id):
             raise UnfenceableTaskError(
