@@ -31,17 +31,17 @@ class DagTest:
     output: str
 
 
-def run_dag(
+def dag_command(
     root: Path,
     source: str,
     dag_id: str,
     *,
-    connections: Mapping[str, Mapping[str, Any]] = (),  # type: ignore[assignment]
+    connections: Mapping[str, Mapping[str, Any]] | None = None,
     env: Mapping[str, str] | None = None,
     logical_date: str = "2013-01-01",
-    timeout: float = 300,
-) -> DagTest:
-    """Write ``source`` as ``<root>/dags/<dag_id>.py`` and run ``airflow dags test`` on it."""
+) -> tuple[list[str], dict[str, str]]:
+    """Write ``source`` as ``<root>/dags/<dag_id>.py``; the ``airflow dags test`` command line
+    and environment that run it in a fresh home."""
     home = root / "airflow_home"
     dags = root / "dags"
     home.mkdir(parents=True, exist_ok=True)
@@ -59,12 +59,24 @@ def run_dag(
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{database}",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
     })
-    for conn_id, connection in dict(connections).items():
+    for conn_id, connection in dict(connections or {}).items():
         environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(dict(connection))
     environ.update(env or {})
-    result = subprocess.run(
-        [AIRFLOW, "dags", "test", dag_id, logical_date],
-        env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=timeout,
-    )
+    return [AIRFLOW, "dags", "test", dag_id, logical_date], environ
+
+
+def start_dag(root: Path, source: str, dag_id: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """:func:`run_dag` in the background (output to ``<root>/dags_test.log``)."""
+    cmd, environ = dag_command(root, source, dag_id, **kwargs)
+    with open(root / "dags_test.log", "w") as out:
+        return subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT,
+                                text=True)
+
+
+def run_dag(root: Path, source: str, dag_id: str, *, timeout: float = 300,
+            **kwargs: Any) -> DagTest:
+    """Write ``source`` as ``<root>/dags/<dag_id>.py`` and run ``airflow dags test`` on it."""
+    cmd, environ = dag_command(root, source, dag_id, **kwargs)
+    result = subprocess.run(cmd, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=timeout)
     return DagTest(result.returncode, result.stdout)
