@@ -90,8 +90,8 @@ def derive(namespace: object, *, ledger_topic: str | None = None) -> Namespace:
         )
     if not _LEGAL_NAMESPACE.match(namespace) or len(namespace) > _MAX_LENGTH:
         raise ConfigError(
-            f"namespace {namespace!r} cannot prefix Kafka names: use 1-{_MAX_LENGTH} of "
-            f"[A-Za-z0-9_-] (no '.', the namespace/role separator)"
+            f"namespace {namespace!r} cannot prefix Kafka topic names and group ids: use "
+            f"1-{_MAX_LENGTH} of [A-Za-z0-9_-] (no '.', the namespace/role separator)"
         )
     if ledger_topic is not None and (
         not isinstance(ledger_topic, str) or not _LEGAL_TOPIC.match(ledger_topic)
