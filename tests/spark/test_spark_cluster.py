@@ -305,3 +305,51 @@ def test_a_fence_that_cannot_reach_the_master_says_the_driver_may_still_run(
             proc.kill()
         if driver is not None:
             spark_cluster.kill_driver(driver)
+
+
+TIMEOUT_PROBE = """
+import json
+import urllib.request
+from pathlib import Path
+
+from neli_orchestrate.ledger.kafka import KafkaLedgerWriter
+
+_write = KafkaLedgerWriter.write
+
+
+def write(self, record):
+    # At the moment a record is written, what does the master say about every driver?
+    with urllib.request.urlopen("{json_url}", timeout=10) as response:
+        state = json.loads(response.read().decode())
+    drivers = {{d["id"]: d["state"]
+               for d in state["activedrivers"] + state["completeddrivers"]}}
+    with Path("{probe}").open("a") as probe:
+        probe.write(json.dumps({{"record": str(record.state), "drivers": drivers}}) + "\\n")
+    return _write(self, record)
+
+
+KafkaLedgerWriter.write = write
+"""
+
+
+def test_an_execution_timeout_kills_the_driver_before_failed_is_recorded(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path
+) -> None:
+    out, probe = tmp_path / "out", tmp_path / "probe.jsonl"
+    source = dag_source("cluster_timeout", driver_jar, out, 600).replace(
+        "retries=0)", "retries=0, execution_timeout=__import__('datetime').timedelta(seconds=45))")
+    source += TIMEOUT_PROBE.format(json_url=spark_cluster.json_url, probe=probe)
+    result = run_dag(
+        tmp_path, source, "cluster_timeout",
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_cluster": spark_connection(spark_cluster.rest_port)},
+        env=spark_env())
+    assert "AirflowTaskTimeout" in result.output, failure(result.output)
+    assert list(out.glob("*.started")), "the driver never started before the timeout"
+    (driver,) = driver_ids(result.output)
+    notes = [json.loads(line) for line in probe.read_text().splitlines()]
+    failed = [n for n in notes if n["record"] == "FAILED"]
+    assert failed, notes
+    # Whenever FAILED was written, the master already showed the driver killed.
+    assert all(n["drivers"][driver] == "KILLED" for n in failed), failed
+    assert not list(out.glob("*.finished"))
