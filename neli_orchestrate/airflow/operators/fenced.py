@@ -275,7 +275,12 @@ class _FencedExecution:
         self.in_work = True
         try:
             with _environ(current.env()):
-                return self.work()
+                result = self.work()
+            # The task's own asset events name the run, as the other regions' proxies do.
+            from neli_orchestrate.airflow.assets import stamp_outlet_events
+
+            stamp_outlet_events(task, self.context, current)
+            return result
         except TaskDeferred as exc:
             raise AirflowFailException(
                 f"{task.task_id} tried to defer while running under a claim; a fenced task must "
