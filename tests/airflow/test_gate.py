@@ -257,7 +257,7 @@ def test_asset_triggered_run_key_is_the_same_in_every_region(conns, other) -> No
         gate = gate_for(conn_id)
         context = {"dag": gate.dag, "ti": RecordingTI(), **asset_triggered(seen_by[region])}
         gate.render_template_fields(context)
-        keys[region] = gate._resolve_run_key(context)
+        keys[region] = gate.run_key  # rendered before the gate pokes (UI, NELI run link)
     expected = f"{DAG_ID}/after/daily/2013-01-05/daily/2013-01-05T00:00:00+00:00@12"
     assert keys == {A: expected, B: expected}
 
@@ -274,6 +274,13 @@ def test_a_batch_of_upstream_runs_takes_the_latest_ones_key() -> None:
     events = [SimpleNamespace(extra=e) for e in (d2, d1, d1)]
     assert run_key_after_assets("down", events) == "down/after/daily/2013-01-02/k2@4"
     assert run_key_after_assets("down", [SimpleNamespace(extra={"other": 1})]) is None
+
+
+def test_default_run_key_of_a_dated_run_is_rendered_with_the_templates(conns) -> None:
+    gate = gate_for(conns[A])
+    gate.render_template_fields({"dag": gate.dag, "logical_date": LOGICAL,
+                                 "ts": LOGICAL.isoformat()})
+    assert gate.run_key == RUN_KEY
 
 
 def test_no_logical_date_and_no_singleton_identity_the_gate_refuses(conns) -> None:

@@ -178,6 +178,7 @@ def world(warm_broker: str, tmp_path_factory: pytest.TempPathFactory):
     dags = [
         REPO / "dags" / "nycflights_daily.py",
         REPO / "dags" / "stock_downstream.py",
+        REPO / "dags" / "nycflights_published.py",
         REPO / "dags" / "jobs",
         REPO / "dags" / ".airflowignore",
         HERE / "dags" / "neli_fence_test.py",
@@ -215,10 +216,15 @@ def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
         spark_log = world.regions[runner].task_log(DAG_ID, runs[runner][date], "daily_performance")
         assert "Running under fencing token" in spark_log, spark_log[-3000:]
         assert outcomes[runner]["report"]["state"] == "success"
+        assert outcomes[runner]["clean_scratch"]["state"] == "success"
+        # Only the singleton is skipped where it ran elsewhere: the job and the task marked
+        # as part of it; the report (trigger_rule none_failed) runs in every region.
         assert outcomes[other]["daily_performance"]["state"] == "skipped"
-        assert outcomes[other]["report"]["state"] == "skipped"
+        assert outcomes[other]["clean_scratch"]["state"] == "skipped"
+        assert outcomes[other]["report"]["state"] == "success"
         gate_log = world.regions[other].task_log(DAG_ID, runs[other][date], "claim_run")
         assert f"already completed by deployment '{runner}' at " in gate_log
+        assert "Asset event(s) by proxy for ['nycflights_daily_performance']" in gate_log
 
     # The ledger's whole history: one RUNNING and one COMPLETED per run key, by the runner.
     history = ledger_history(world.bootstrap, f"{world.namespace}.ledger")
@@ -247,6 +253,8 @@ def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
         assert marker.metadata["ledger_run_key"] == key
         assert list(marker.path.glob("*.parquet")), marker.path
 
+    _check_assets_seen_in_every_region(world, ran_in)
+
     # Waiting regions waited in the triggerer at least once (deferrable gates).
     deferred = [
         (region.name, date)
@@ -259,6 +267,72 @@ def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
 
     for region in regions:
         assert SECRET not in region.all_logs(), f"{region.name} logged the Kafka secret"
+
+
+PUBLISHED = "nycflights_published"  # dags/nycflights_published.py: scheduled on the asset
+
+
+def _check_assets_seen_in_every_region(world: World, ran_in: dict[str, str]) -> None:
+    """Every region has an event of the daily asset per date (by proxy where it did not run
+    it), naming the runner; the asset-scheduled DAG runs in every region; its singleton
+    ``export`` runs once per run key across the regions."""
+    regions = list(world.regions)
+    for region in regions:
+        events = region.api("GET", "/api/v2/assets/events?limit=100")["asset_events"]
+        daily = [e for e in events if e.get("name") == "nycflights_daily_performance"]
+        by_key = {e["extra"]["neli"]["run_key"]: e for e in daily}
+        assert len(daily) == len(DATES) == len(by_key), (region.name, daily)
+        for date in DATES:
+            event = by_key[f"{DAG_ID}/{date}T00:00:00+00:00"]
+            neli = event["extra"]["neli"]
+            assert neli["deployment"] == ran_in[date], (region.name, date, event)
+            proxy = ran_in[date] != region.name
+            assert neli["proxy"] is proxy, (region.name, date, event)
+            assert event["source_task_id"] == ("claim_run" if proxy else "daily_performance")
+
+    # The consumer: asset-triggered runs in every region, each to success.
+    published: dict[str, list[str]] = {}
+    deadline = time.monotonic() + 300
+    for region in regions:
+        while True:
+            data = region.api("GET", f"/api/v2/dags/{PUBLISHED}/dagRuns?limit=100")
+            run_ids = [r["dag_run_id"] for r in data["dag_runs"]]
+            seen = {
+                key
+                for r in data["dag_runs"]
+                for key in _triggering_run_keys(region, r["dag_run_id"])
+            } if run_ids else set()
+            # every date's event consumed by some run of this region (batches allowed)
+            if len(seen) == len(DATES):
+                break
+            assert time.monotonic() < deadline, (region.name, data["dag_runs"])
+            time.sleep(2)
+        states = region.wait_for_runs(PUBLISHED, run_ids, timeout=300)
+        assert set(states.values()) == {"success"}, (region.name, states)
+        for run_id in run_ids:
+            tis = region.task_instances(PUBLISHED, run_id)
+            assert tis["where_it_ran"]["state"] == "success", (region.name, run_id, tis)
+        published[region.name] = run_ids
+
+    # export: once per derived run key across both regions (ledger: one COMPLETED each)
+    history = ledger_history(world.bootstrap, f"{world.namespace}.ledger")
+    exports = [r for r in history if r.role == PUBLISHED]
+    completed = Counter(r.run_key for r in exports if r.state == RunState.COMPLETED)
+    assert completed and set(completed.values()) == {1}, exports
+    assert all(k.startswith(f"{PUBLISHED}/after/nycflights_daily/") for k in completed), completed
+    ran: Counter[str] = Counter()
+    for region in regions:
+        for run_id in published[region.name]:
+            ran[region.task_instances(PUBLISHED, run_id)["export"]["state"]] += 1
+    assert ran["success"] == len(completed), (ran, completed)
+
+
+def _triggering_run_keys(region: Any, run_id: str) -> set[str]:
+    """The upstream run keys of the asset events a DAG run of the consumer was triggered by."""
+    events = region.api(
+        "GET", f"/api/v2/dags/{PUBLISHED}/dagRuns/{run_id}/upstreamAssetEvents"
+    )["asset_events"]
+    return {e["extra"]["neli"]["run_key"] for e in events if "neli" in (e.get("extra") or {})}
 
 
 STOCK_DAG = "stock_downstream"  # dags/stock_downstream.py: the issue's DAG, verbatim

@@ -158,6 +158,16 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
     def _trigger_run_key(self) -> str | None:
         return self.run_key
 
+    def render_template_fields(self, context: Context, jinja_env: Any = None) -> None:
+        """Render the templates, and the default run key with them (the UI's rendered fields
+        and the NELI run link show it before the gate pokes)."""
+        super().render_template_fields(context, jinja_env)
+        if self._derive_run_key:
+            try:
+                self._resolve_run_key(context)
+            except AirflowFailException:
+                self.run_key = None  # poke() raises it, failing the task with the message
+
     def _resolve_run_key(self, context: Context) -> str:
         """This run's key: the explicit one, else from the logical date or triggering assets."""
         if self.run_key and not self._derive_run_key:
@@ -171,6 +181,8 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         events = list(getattr(dag_run, "consumed_asset_events", None) or ())
         derived = run_key_after_assets(self.dag_id, events)
         if derived is not None:
+            if self.run_key == derived:
+                return derived
             self.run_key = derived
             self.log.info(
                 "Run key %r derived from the singleton run that triggered this DAG run "
