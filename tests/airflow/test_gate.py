@@ -208,6 +208,21 @@ def test_completed_elsewhere_the_singletons_outlets_get_an_asset_event_by_proxy(
     )
 
 
+def test_completed_elsewhere_the_gate_links_to_the_region_that_ran_it(
+    neli_env, conns, other, claim_now
+) -> None:
+    done = complete_elsewhere(other, claim_now)
+    conn = neli_env(A, conn_id="neli_with_urls",
+                    region_urls={B: "http://airflow.eu-west-1.example:8080/"})
+    ti = RecordingTI()
+    with structlog.testing.capture_logs() as logs:
+        with pytest.raises(DownstreamTasksSkipped):
+            run_gate(gate_for(conn), ti=ti)
+    url = f"http://airflow.eu-west-1.example:8080/dags/{DAG_ID}"
+    assert ti.xcom[DONE_ELSEWHERE_XCOM_KEY]["url"] == url
+    assert f"Ran in deployment '{B}' with token {done.token}: {url}" in messages(logs)
+
+
 def test_proxy_asset_events_off_declares_and_emits_nothing(conns, other, claim_now) -> None:
     complete_elsewhere(other, claim_now)
     gate = gate_for(conns[A], proxy_asset_events=False)

@@ -333,12 +333,37 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
             skipped,
             reset_command(self.role, self.run_key or "RUN_KEY"),
         )
-        ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=record_to_dict(record))
+        done = record_to_dict(record)
+        url = self._region_url(record.deployment) if record is not None else None
+        if done is not None and url:
+            done["url"] = url
+            self.log.info(
+                "Ran in deployment %r with token %s: %s", record.deployment, record.token, url
+            )
+        ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=done)
         if self.proxy_asset_events and record is not None:
             self._emit_by_proxy(context, record, tasks, here)
         # Raises DownstreamTasksSkipped when there is anything to skip; the task runner then
         # records the gate's success with the outlet events added above.
         self.skip(ti=ti, tasks=tasks)
+
+    def _region_url(self, deployment: str) -> str | None:
+        """This DAG's page in ``deployment``'s UI, from the connection extra ``region_urls``
+        (``{"us-east-1": "https://airflow.us-east-1.example.com", ...}``); None if unknown."""
+        import json
+
+        try:
+            extra = NeliHook.get_connection(self.neli_conn_id).extra_dejson or {}
+            urls = extra.get("region_urls") or {}
+            if isinstance(urls, str):
+                urls = json.loads(urls)
+        except Exception as exc:  # noqa: BLE001 - a link must never fail the gate
+            self.log.warning("Cannot read region_urls of connection %r: %s", self.neli_conn_id, exc)
+            return None
+        base = urls.get(deployment) if isinstance(urls, dict) else None
+        if not isinstance(base, str) or not base:
+            return None
+        return f"{base.rstrip('/')}/dags/{self.dag_id}"
 
     def _emit_by_proxy(self, context: Context, record: Any, tasks: list[Any], here: str) -> None:
         """Add an asset event for each skipped task's outlet, through the gate's proxy alias."""
