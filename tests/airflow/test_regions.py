@@ -290,41 +290,50 @@ def _check_assets_seen_in_every_region(world: World, ran_in: dict[str, str]) -> 
             assert neli["proxy"] is proxy, (region.name, date, event)
             assert event["source_task_id"] == ("claim_run" if proxy else "daily_performance")
 
-    # The consumer: asset-triggered runs in every region, each to success.
-    published: dict[str, list[str]] = {}
+    # The consumer: asset-triggered runs in every region, each to success. A region's
+    # scheduler may batch several dates into one run (and Airflow 3.3 may leave an event that
+    # lands while it creates a run for the next event to pick up), so the runs per region vary;
+    # what must hold is that every derived run key exports once across the regions. Wait until
+    # both regions have runs, all finished, and the exports match the ledger.
+    history: list[Any] = []
     deadline = time.monotonic() + 300
-    for region in regions:
-        while True:
-            data = region.api("GET", f"/api/v2/dags/{PUBLISHED}/dagRuns?limit=100")
-            run_ids = [r["dag_run_id"] for r in data["dag_runs"]]
-            seen = {
-                key
-                for r in data["dag_runs"]
-                for key in _triggering_run_keys(region, r["dag_run_id"])
-            } if run_ids else set()
-            # every date's event consumed by some run of this region (batches allowed)
-            if len(seen) == len(DATES):
+    while True:
+        published = {
+            region.name: [
+                r for r in region.api("GET", f"/api/v2/dags/{PUBLISHED}/dagRuns?limit=100")[
+                    "dag_runs"]
+            ]
+            for region in regions
+        }
+        finished = all(
+            runs and all(r["state"] in ("success", "failed") for r in runs)
+            for runs in published.values()
+        )
+        if finished:
+            history = ledger_history(world.bootstrap, f"{world.namespace}.ledger")
+            completed = Counter(
+                r.run_key for r in history if r.role == PUBLISHED and r.state == RunState.COMPLETED
+            )
+            exported = Counter(
+                region.task_instances(PUBLISHED, r["dag_run_id"])["export"]["state"]
+                for region in regions
+                for r in published[region.name]
+            )
+            if exported["success"] == sum(completed.values()) > 0:
                 break
-            assert time.monotonic() < deadline, (region.name, data["dag_runs"])
-            time.sleep(2)
-        states = region.wait_for_runs(PUBLISHED, run_ids, timeout=300)
-        assert set(states.values()) == {"success"}, (region.name, states)
-        for run_id in run_ids:
-            tis = region.task_instances(PUBLISHED, run_id)
-            assert tis["where_it_ran"]["state"] == "success", (region.name, run_id, tis)
-        published[region.name] = run_ids
-
-    # export: once per derived run key across both regions (ledger: one COMPLETED each)
-    history = ledger_history(world.bootstrap, f"{world.namespace}.ledger")
-    exports = [r for r in history if r.role == PUBLISHED]
-    completed = Counter(r.run_key for r in exports if r.state == RunState.COMPLETED)
-    assert completed and set(completed.values()) == {1}, exports
-    assert all(k.startswith(f"{PUBLISHED}/after/nycflights_daily/") for k in completed), completed
-    ran: Counter[str] = Counter()
+        assert time.monotonic() < deadline, published
+        time.sleep(2)
     for region in regions:
-        for run_id in published[region.name]:
-            ran[region.task_instances(PUBLISHED, run_id)["export"]["state"]] += 1
-    assert ran["success"] == len(completed), (ran, completed)
+        for run in published[region.name]:
+            assert run["state"] == "success", (region.name, run)
+            assert run["run_type"] == "asset_triggered", run
+            tis = region.task_instances(PUBLISHED, run["dag_run_id"])
+            assert tis["where_it_ran"]["state"] == "success", (region.name, run, tis)
+            assert tis["export"]["state"] in ("success", "skipped"), (region.name, run, tis)
+            assert _triggering_run_keys(region, run["dag_run_id"]), run
+    # export: once per derived run key across both regions (ledger: one COMPLETED each)
+    assert set(completed.values()) == {1}, completed
+    assert all(k.startswith(f"{PUBLISHED}/after/nycflights_daily/") for k in completed), completed
 
 
 def _triggering_run_keys(region: Any, run_id: str) -> set[str]:
