@@ -9,7 +9,9 @@ own ``NELI_DEPLOYMENT``::
 Materialize partitions of ``nycflights_daily_performance`` (2013-01-01 .. 2013-12-31) in both:
 for each date one deployment runs the PySpark computation (``dags/jobs/nycflights_daily.py``,
 the same code the spark-submit example runs) and publishes Parquet through the token-checked
-commit; the other logs where it ran, records an observation and skips the report downstream.
+commit; the other logs where it ran and materializes the partition by proxy (its catalog shows
+the date as materialized, with the deployment and token that computed it), and its
+``nycflights_daily_report`` runs too, on the output every deployment shares.
 
 Environment: ``NELI_BOOTSTRAP_SERVERS`` and ``NELI_DEPLOYMENT`` (required at run time),
 ``NELI_NAMESPACE`` (default ``neli.example``), ``NELI_EXAMPLE_OUTPUT`` (Parquet root shared by
@@ -111,7 +113,8 @@ def nycflights_daily_performance(
     deps=[nycflights_daily_performance],
     group_name="nycflights",
     kinds={"spark"},
-    description="Summary of the day's published performance; skipped where it was not computed.",
+    description="Summary of the day's published performance, in every deployment (it reads the "
+    "shared output, wherever it was computed).",
 )
 def nycflights_daily_report(
     context: dg.AssetExecutionContext, spark: LocalSpark, storage: FlightsStorage

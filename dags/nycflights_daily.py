@@ -4,7 +4,7 @@ Deploy this same file in every region. Each region schedules every run; per run:
 
     claim_run (LeaderGateOperator)
       >> daily_performance (the stock SparkSubmitOperator, dags/jobs/nycflights_daily.py)
-      >> report
+      >> [report, clean_scratch]
 
 ``daily_performance`` is directly downstream of the gate, so it runs fenced without a wrapper
 class: the provider's cluster policy re-verifies the claim, records RUNNING and COMPLETED, hands
@@ -14,8 +14,16 @@ the token to the job as ``spark.neli.*`` conf and fails the task if the claim is
   under it (token in Spark conf ``spark.neli.*``; the job publishes Parquet through the
   token-checked commit) and ``report`` summarises the published output.
 - In the other regions ``claim_run`` waits while the claim is live and, once the run is
-  COMPLETED, succeeds and skips ``daily_performance`` and ``report`` ("completed by deployment
-  X at T" in its log).
+  COMPLETED, succeeds and skips the singleton ("completed by deployment X at T" in its log):
+  ``daily_performance`` (the gate's child) and ``clean_scratch`` (named in
+  ``singleton_tasks``: it cleans the Spark job's scratch space, which exists only where the job
+  ran, and would otherwise run everywhere through its ``all_done`` trigger rule). ``report``
+  runs in every region (``trigger_rule="none_failed"``: a skipped upstream is fine, a failed
+  one is not): it reads the output every region shares.
+- ``daily_performance`` declares the asset ``nycflights_daily_performance``: it gets an asset
+  event in every region, from the task where the job ran and from ``claim_run`` by proxy
+  elsewhere, with ``extra["neli"]`` naming the deployment, role, run key and token. DAGs
+  scheduled on it (``dags/nycflights_published.py``) run in every region.
 
 Needs, in every region:
 
@@ -42,7 +50,7 @@ from pathlib import Path
 
 import pendulum
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Asset, task
 
 from neli_orchestrate.airflow import LeaderGateOperator
 from neli_orchestrate.spark import local_spark_conf, spark_home
@@ -53,6 +61,10 @@ OUTPUT = "{{ var.value.get('nycflights_output', '/tmp/neli/nycflights_daily') }}
 # (each role has its own NELI group; one holder at a time per date). A single role for all
 # dates (role="nycflights_daily") would run them one after another.
 ROLE = "nycflights_daily/{{ ds }}"
+#: The published daily table; DAGs scheduled on it run in every region (events by proxy).
+NYCFLIGHTS_DAILY = Asset("nycflights_daily_performance")
+# Spark's scratch space for one date's job (shuffle files, spills), on the worker that runs it.
+SCRATCH = "/tmp/neli/spark-scratch/nycflights_daily/{{ ds_nodash }}"
 
 with DAG(
     dag_id="nycflights_daily",
@@ -79,6 +91,10 @@ with DAG(
         # the fenced job waits this long for the role (a run of the same date elsewhere may
         # hold it)
         run_acquire_timeout=1800,
+        # skipped with daily_performance where another region ran the date (see clean_scratch)
+        singleton_tasks=["clean_scratch"],
+        # default: daily_performance's outlets get an asset event by proxy where it is skipped
+        proxy_asset_events=True,
     )
 
     daily_performance = SparkSubmitOperator(
@@ -86,7 +102,7 @@ with DAG(
         conn_id="spark_default",
         application=str(JOB),
         # the claim's token, run key, role and deployment are added as spark.neli.* conf
-        conf=local_spark_conf(),
+        conf={**local_spark_conf(), "spark.local.dir": SCRATCH},
         env_vars={
             "SPARK_HOME": "{{ spark_home() }}",
             "PYSPARK_PYTHON": sys.executable,
@@ -94,9 +110,18 @@ with DAG(
         },
         application_args=["--date", "{{ ds }}", "--output", OUTPUT],
         name="nycflights_daily_{{ ds_nodash }}",
+        outlets=[NYCFLIGHTS_DAILY],
     )
 
-    @task
+    @task(trigger_rule="all_done")
+    def clean_scratch(ds_nodash: str | None = None) -> None:
+        """Remove the job's scratch space, whether it succeeded or not: part of the singleton."""
+        import shutil
+
+        shutil.rmtree(f"/tmp/neli/spark-scratch/nycflights_daily/{ds_nodash}", ignore_errors=True)
+
+    # Runs in every region: after the job here, or after the gate skipped it (done elsewhere).
+    @task(trigger_rule="none_failed")
     def report(ds: str | None = None, params: dict | None = None) -> dict:
         """Summarise the published output of the date (read back through the commit marker)."""
         import pyarrow.parquet as pq
@@ -124,4 +149,4 @@ with DAG(
         logging.getLogger("airflow.task").info("nycflights %s: %s", ds, summary)
         return summary
 
-    claim_run >> daily_performance >> report()
+    claim_run >> daily_performance >> [report(), clean_scratch()]

@@ -13,7 +13,8 @@ Usage::
 One concept per module: ``hooks.neli`` (NeliHook), ``operators.gate`` (LeaderGateOperator),
 ``operators.fenced`` (fencing of the gate's child; FencedExecutionMixin, fenced),
 ``operators.spark_submit`` (FencedSparkSubmitOperator), ``policy`` (the cluster policy),
-``claims`` (what gate, sensor, trigger and fenced tasks share),
+``claims`` (what gate, sensor, trigger and fenced tasks share), ``assets`` (the ledger
+identity on asset events, events by proxy, run keys of asset-triggered runs),
 ``sensors.leader`` (NeliLeaderSensor), ``triggers.leader`` (NeliLeadershipTrigger),
 ``provider`` (get_provider_info, the provider entry point). Names are imported lazily so that
 Airflow's provider discovery, which imports ``provider``, stays cheap.

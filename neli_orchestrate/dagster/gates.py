@@ -19,7 +19,7 @@ from typing import Any
 
 import dagster as dg
 
-from neli_orchestrate.dagster.resource import NeliResource, _describe
+from neli_orchestrate.dagster.resource import NeliResource, _describe, _record_skip
 from neli_orchestrate.dagster.run import NeliRun, default_run_key
 from neli_orchestrate.errors import ConfigError
 
@@ -112,13 +112,21 @@ def singleton_asset(
     role: str | Callable[[Any], str] | None = None,
     run_key: str | Callable[[Any], str] | None = None,
     resource_key: str = "neli",
+    materialize_by_proxy: bool = True,
     **asset_kwargs: Any,
 ) -> Any:
     """Decorate ``fn(context, run, ...)`` into an asset materialized in one deployment only.
 
-    The asset has ``output_required=False``: where the run key was already done (here or in
-    another deployment) nothing is materialized and downstream assets are skipped, the step and
-    the run succeed, and an ``AssetObservation`` records where the run happened::
+    Where the run key was already done (here or in another deployment) the function does not
+    run: the asset partition is *materialized by proxy* (an ``AssetMaterialization`` whose
+    metadata names the deployment that computed it, its token and when, with
+    ``neli_by_proxy=True``; no IO manager call), so this deployment's catalog, freshness checks
+    and automation conditions see the data, and the downstream assets of the run execute here
+    too. Downstream assets that *load* the value through an IO manager need one whose storage
+    every deployment reads (the value is where the runner wrote it); ``deps=`` plus reading
+    the published data needs nothing. ``materialize_by_proxy=False`` restores the other
+    behaviour: an ``AssetObservation`` of where it ran, nothing materialized, downstream
+    assets skipped (``output_required=False``)::
 
         @singleton_asset(partitions_def=daily)
         def daily_flights(context: AssetExecutionContext, run: NeliRun, spark: SparkResource):
@@ -170,6 +178,11 @@ def singleton_asset(
             key = run_key(context) if callable(run_key) else run_key
             with neli.singleton(context, role=name, run_key=key) as run:
                 if not run.should_run:
+                    if materialize_by_proxy:
+                        # Catalog sees the data here too; downstream steps of this run execute.
+                        yield run.materialize_by_proxy()
+                    else:
+                        _record_skip(context, run, materialize=False)
                     return
                 result = func(context, run, **kwargs)
                 # Work that ignored a fence must not reach the IO manager; and the output is

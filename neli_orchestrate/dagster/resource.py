@@ -5,8 +5,9 @@ Usage::
     @asset(partitions_def=daily, output_required=False)
     def daily_flights(context: AssetExecutionContext, neli: NeliResource):
         with neli.singleton(context) as run:          # role = asset key, run key = partition
-            if not run.should_run:
-                return                                # done in another deployment: logged
+            if not run.should_run:                    # done in another deployment:
+                yield run.materialize_by_proxy()      # materialized by proxy, downstream runs
+                return
             value = compute(run.token)
             run.check()                               # fenced meanwhile: no output
             yield Output(value, metadata=run.metadata)
@@ -198,7 +199,9 @@ class NeliResource(dg.ConfigurableResource):
         ``role`` defaults to the asset key (``a/b``) or the op's name, ``run_key`` to the
         partition key (required explicitly for unpartitioned steps). Inside the block check
         ``run.should_run``: False means the run was completed elsewhere (logged with where and
-        when). Leaving the block records COMPLETED, an exception records FAILED. If this
+        when); yield or return ``run.materialize_by_proxy()`` then, or the block records the
+        materialization by proxy itself as it ends (downstream steps are then skipped). Leaving
+        the block records COMPLETED, an exception records FAILED. If this
         deployment is fenced meanwhile, the registered Spark jobs are cancelled and the step
         fails with ``dagster.Failure(allow_retries=False)`` carrying token, deployment, role
         and run key as metadata.
@@ -222,8 +225,10 @@ class NeliResource(dg.ConfigurableResource):
                         f"neli: skipping {role!r} / {run_key!r} in deployment "
                         f"{self.deployment!r}: {run.outcome}, {_describe(run.record)}"
                     )
-                    _observe_skip(context, run)
                 yield run
+                if not run.should_run and not run.skip_recorded:
+                    # The block returned without run.materialize_by_proxy(): record it anyway.
+                    _record_skip(context, run)
         except (FencedError, StaleTokenError) as exc:
             # Superseded: a newer token owns the run (the ledger or a token-checked sink said
             # so). Retrying here could only fail again, so the step fails for good.
@@ -340,25 +345,22 @@ def _give_up_failure(
     )
 
 
-def _observe_skip(context: Any, run: NeliRun) -> None:
-    """Leave a visible trace in this deployment's asset catalog of where the run happened."""
+def _record_skip(context: Any, run: NeliRun, *, materialize: bool = True) -> None:
+    """Record in this deployment's catalog that the asset partition was computed elsewhere.
+
+    ``materialize``: an ``AssetMaterialization`` by proxy (:attr:`NeliRun.proxy_metadata`), so
+    freshness checks and automation conditions here see the data; else an ``AssetObservation``.
+    Steps that are not a single asset record nothing.
+    """
+    run.skip_recorded = True
     op_context = getattr(context, "op_execution_context", context)
     if not op_context.has_assets_def:
         return
     keys = list(op_context.assets_def.keys_by_output_name.values())
     if len(keys) != 1:
         return
-    record = run.record
-    metadata: dict[str, Any] = {"neli_outcome": str(run.outcome), "run_key": run.run_key}
-    if record is not None:
-        metadata.update(
-            {
-                "done_by_deployment": record.deployment,
-                "done_token": record.token,
-                "done_at": dg.MetadataValue.timestamp(record.at),
-            }
-        )
     partition = op_context.partition_key if op_context.has_partition_key else None
+    event_type = dg.AssetMaterialization if materialize else dg.AssetObservation
     op_context.log_event(
-        dg.AssetObservation(asset_key=keys[0], partition=partition, metadata=metadata)
+        event_type(asset_key=keys[0], partition=partition, metadata=run.proxy_metadata)
     )

@@ -78,6 +78,9 @@ class NeliRun:
         self.time_to_lead = time_to_lead if run.should_run else None
         self._fenced = threading.Event()
         self._fence_reason: str | None = None
+        #: True once the skip of a run completed elsewhere was recorded in the catalog (by
+        #: :meth:`materialize_by_proxy`, or by the ``neli.singleton`` block as it ends).
+        self.skip_recorded = False
         if run.should_run:
             # Registered first, so the run knows it was fenced before user callbacks run and
             # before the cancelled work's exception reaches the step.
@@ -126,6 +129,50 @@ class NeliRun:
         if self.time_to_lead is not None:
             metadata["time_to_lead"] = dg.MetadataValue.float(round(self.time_to_lead, 3))
         return metadata
+
+    @property
+    def proxy_metadata(self) -> dict[str, Any]:
+        """Metadata of the materialization by proxy where the run completed elsewhere.
+
+        ``deployment`` and ``token`` are the ones that computed the data (as in the runner's
+        own materialization), ``completed_at`` when; ``recorded_by`` is this deployment and
+        ``neli_by_proxy`` is True.
+        """
+        metadata: dict[str, Any] = {
+            "neli_by_proxy": True,
+            "neli_outcome": str(self.outcome),
+            "role": self.role,
+            "run_key": self.run_key,
+            "recorded_by": self.deployment,
+        }
+        record = self.record
+        if record is not None:
+            metadata["deployment"] = record.deployment
+            metadata["token"] = record.token
+            metadata["completed_at"] = dg.MetadataValue.timestamp(record.at)
+        return metadata
+
+    def materialize_by_proxy(self) -> dg.MaterializeResult:
+        """Return the result that records the asset partition here as materialized elsewhere.
+
+        Return (or yield) it where :attr:`should_run` is False::
+
+            with neli.singleton(context) as run:
+                if not run.should_run:
+                    return run.materialize_by_proxy()
+
+        Its materialization names where the run executed (:attr:`proxy_metadata`); no IO
+        manager is called (the value lives where the run wrote it), and the downstream steps
+        of this Dagster run execute. Without it the block records the materialization by itself
+        and the downstream steps are skipped.
+        """
+        if self.should_run:
+            raise ConfigError(
+                f"materialize_by_proxy() is for a run completed elsewhere; run key "
+                f"{self.run_key!r} of role {self.role!r} executes here (outcome {self.outcome})"
+            )
+        self.skip_recorded = True
+        return dg.MaterializeResult(metadata=self.proxy_metadata)
 
     def check(self) -> None:
         """Raise ``FencedError`` if this member no longer leads the role or was superseded.

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pendulum
@@ -20,14 +22,16 @@ import pytest
 import structlog
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Asset, AssetAlias
 from airflow.sdk.exceptions import (
     AirflowFailException,
     AirflowRescheduleException,
     DownstreamTasksSkipped,
     TaskDeferred,
 )
+from airflow.sdk.execution_time.context import OutletEventAccessors
 
+from neli_orchestrate.airflow.assets import EXTRA_KEY, proxy_alias_name
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY, LeaderGateOperator
 from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
@@ -58,31 +62,58 @@ class RecordingTI:
         return None
 
 
+DAILY = Asset("daily_flights_table", uri="file:///tmp/neli/daily_flights")
+
+
 def gate_for(conn_id: str, **kwargs: Any) -> LeaderGateOperator:
     kwargs.setdefault("poke_interval", 0.5)
     kwargs.setdefault("timeout", 60)
     with DAG(DAG_ID, schedule=None, start_date=LOGICAL):
         gate = LeaderGateOperator(task_id="claim_run", role=ROLE, neli_conn_id=conn_id, **kwargs)
-        gate >> BashOperator(task_id="spark_job", bash_command="exit 1") >> EmptyOperator(
-            task_id="report"
-        )
+        job = BashOperator(task_id="spark_job", bash_command="exit 1", outlets=[DAILY])
+        gate >> job >> EmptyOperator(task_id="report", trigger_rule="none_failed")
+        job >> EmptyOperator(task_id="cleanup", trigger_rule="all_done")
     return gate
 
 
 def run_gate(
-    gate: LeaderGateOperator, method: str = "execute", ti: RecordingTI | None = None, **kwargs: Any
+    gate: LeaderGateOperator,
+    method: str = "execute",
+    ti: RecordingTI | None = None,
+    context: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> tuple[Any, RecordingTI]:
     ti = ti or RecordingTI()
-    context: dict[str, Any] = {
+    context = {
         "dag": gate.dag,
         "ti": ti,
         "task_instance": ti,
         "logical_date": LOGICAL,
         "ts": LOGICAL.isoformat(),
         "run_id": "manual__2013-01-05",
+        **(context or {}),
     }
     gate.render_template_fields(context)
     return getattr(gate, method)(context, **kwargs), ti
+
+
+def complete_elsewhere(other: Any, claim_now: Any, run_key: str = RUN_KEY) -> Any:
+    """Deployment B runs the run to COMPLETED through the real ledger; returns the record."""
+    reservation = claim_now(other, ROLE, run_key)
+    other.execute(ROLE, run_key, reservation.token, lambda run: None)
+    done = other.status(ROLE, run_key)
+    assert (done.state, done.deployment) == (RunState.COMPLETED, B)
+    return done
+
+
+def proxy_events(outlet_events: OutletEventAccessors) -> list[dict[str, Any]]:
+    """What the task runner would send as outlet events for the gate (alias events)."""
+    return [
+        {"alias": event.source_alias_name, "asset": event.dest_asset_key.name,
+         "extra": event.extra}
+        for accessor in outlet_events._dict.values()
+        for event in accessor.asset_alias_events
+    ]
 
 
 @pytest.fixture
@@ -118,19 +149,17 @@ def test_no_record_the_gate_claims_the_run_and_pushes_the_token(conns) -> None:
     assert DONE_ELSEWHERE_XCOM_KEY not in ti.xcom
 
 
-def test_completed_elsewhere_the_gate_skips_everything_downstream_and_says_where(
+def test_completed_elsewhere_the_gate_skips_only_the_singleton_and_says_where(
     conns, other, claim_now
 ) -> None:
-    reservation = claim_now(other, ROLE, RUN_KEY)
-    other.execute(ROLE, RUN_KEY, reservation.token, lambda run: None)
-    done = ledger(conns)
-    assert (done.state, done.deployment) == (RunState.COMPLETED, B)
+    done = complete_elsewhere(other, claim_now)
 
     ti = RecordingTI()
     with structlog.testing.capture_logs() as logs:
         with pytest.raises(DownstreamTasksSkipped) as skipped:
             run_gate(gate_for(conns[A]), ti=ti)
-    assert sorted(skipped.value.tasks) == ["report", "spark_job"]
+    # only the fenced child: report (none_failed) and cleanup (all_done) run per trigger rule
+    assert sorted(skipped.value.tasks) == ["spark_job"]
     text = messages(logs)
     assert f"already completed by deployment '{B}' at " in text
     assert f"(token {done.token})" in text
@@ -139,6 +168,144 @@ def test_completed_elsewhere_the_gate_skips_everything_downstream_and_says_where
     assert (found["state"], found["deployment"], found["token"]) == ("COMPLETED", B, done.token)
     assert "return_value" not in ti.xcom
     assert ledger(conns) == done  # skipping wrote nothing
+
+
+def test_tasks_marked_as_part_of_the_singleton_are_skipped_with_it(
+    conns, other, claim_now
+) -> None:
+    complete_elsewhere(other, claim_now)
+    with pytest.raises(DownstreamTasksSkipped) as skipped:
+        run_gate(gate_for(conns[A], singleton_tasks=["cleanup"]))
+    assert sorted(skipped.value.tasks) == ["cleanup", "spark_job"]
+
+
+def test_singleton_tasks_must_name_tasks_after_the_gate(conns) -> None:
+    with pytest.raises(AirflowFailException, match=r"\[.nope.\] are not downstream"):
+        run_gate(gate_for(conns[A], singleton_tasks=["nope"]))
+    with pytest.raises(ValueError, match="not one string"):
+        gate_for(conns[A], singleton_tasks="cleanup")
+
+
+def test_completed_elsewhere_the_singletons_outlets_get_an_asset_event_by_proxy(
+    conns, other, claim_now
+) -> None:
+    done = complete_elsewhere(other, claim_now)
+    gate = gate_for(conns[A])
+    alias = proxy_alias_name(DAG_ID, "claim_run")
+    assert AssetAlias(alias) in gate.outlets
+    outlet_events = OutletEventAccessors()
+    with pytest.raises(DownstreamTasksSkipped):
+        run_gate(gate, context={"outlet_events": outlet_events})
+    (event,) = proxy_events(outlet_events)
+    assert (event["alias"], event["asset"]) == (alias, DAILY.name)
+    neli = event["extra"][EXTRA_KEY]
+    assert neli["deployment"] == B and neli["token"] == done.token
+    assert (neli["role"], neli["run_key"], neli["proxy"], neli["recorded_by"]) == (
+        ROLE,
+        RUN_KEY,
+        True,
+        A,
+    )
+
+
+def test_completed_elsewhere_the_gate_links_to_the_region_that_ran_it(
+    neli_env, conns, other, claim_now
+) -> None:
+    done = complete_elsewhere(other, claim_now)
+    conn = neli_env(A, conn_id="neli_with_urls",
+                    region_urls={B: "http://airflow.eu-west-1.example:8080/"})
+    ti = RecordingTI()
+    with structlog.testing.capture_logs() as logs:
+        with pytest.raises(DownstreamTasksSkipped):
+            run_gate(gate_for(conn), ti=ti)
+    url = f"http://airflow.eu-west-1.example:8080/dags/{DAG_ID}"
+    assert ti.xcom[DONE_ELSEWHERE_XCOM_KEY]["url"] == url
+    assert f"Ran in deployment '{B}' with token {done.token}: {url}" in messages(logs)
+
+
+def test_proxy_asset_events_off_declares_and_emits_nothing(conns, other, claim_now) -> None:
+    complete_elsewhere(other, claim_now)
+    gate = gate_for(conns[A], proxy_asset_events=False)
+    assert not any(isinstance(o, AssetAlias) for o in gate.outlets)
+    outlet_events = OutletEventAccessors()
+    with pytest.raises(DownstreamTasksSkipped):
+        run_gate(gate, context={"outlet_events": outlet_events})
+    assert proxy_events(outlet_events) == []
+
+
+def test_claiming_region_emits_no_event_by_proxy(conns) -> None:
+    outlet_events = OutletEventAccessors()
+    claim, _ = run_gate(gate_for(conns[A]), context={"outlet_events": outlet_events})
+    assert claim["deployment"] == A
+    assert proxy_events(outlet_events) == []
+
+
+class AssetTriggeredRun:
+    """The slice of a DAG run the gate reads for an asset-triggered run."""
+
+    def __init__(self, extras: list[dict[str, Any]]) -> None:
+        self.consumed_asset_events = [SimpleNamespace(extra=extra) for extra in extras]
+
+
+def asset_triggered(extras: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "logical_date": None,
+        "ts": None,
+        "run_id": f"asset_triggered__{uuid.uuid4().hex}",  # differs per region
+        "dag_run": AssetTriggeredRun(extras),
+    }
+
+
+def upstream(role: str, run_key: str, token: int, deployment: str, proxy: bool) -> dict:
+    return {EXTRA_KEY: {"deployment": deployment, "role": role, "run_key": run_key,
+                        "token": token, "proxy": proxy, "recorded_by": A if proxy else B}}
+
+
+def test_asset_triggered_run_key_is_the_same_in_every_region(conns, other) -> None:
+    # region A saw the event by proxy, region B the runner's own: same identity
+    seen_by = {
+        A: [upstream("daily/2013-01-05", "daily/2013-01-05T00:00:00+00:00", 12, B, True)],
+        B: [upstream("daily/2013-01-05", "daily/2013-01-05T00:00:00+00:00", 12, B, False)],
+    }
+    keys = {}
+    for region, conn_id in ((A, conns[A]), (B, conns[B])):
+        gate = gate_for(conn_id)
+        context = {"dag": gate.dag, "ti": RecordingTI(), **asset_triggered(seen_by[region])}
+        gate.render_template_fields(context)
+        keys[region] = gate.run_key  # rendered before the gate pokes (UI, NELI run link)
+    expected = f"{DAG_ID}/after/daily/2013-01-05/daily/2013-01-05T00:00:00+00:00@12"
+    assert keys == {A: expected, B: expected}
+
+    # and the claim goes under that key
+    claim, _ = run_gate(gate_for(conns[A]), context=asset_triggered(seen_by[A]))
+    assert claim["run_key"] == expected
+
+
+def test_a_batch_of_upstream_runs_takes_the_latest_ones_key() -> None:
+    from neli_orchestrate.airflow.assets import run_key_after_assets
+
+    d1 = upstream("daily/2013-01-01", "k1", 3, B, True)
+    d2 = upstream("daily/2013-01-02", "k2", 4, B, True)
+    events = [SimpleNamespace(extra=e) for e in (d2, d1, d1)]
+    assert run_key_after_assets("down", events) == "down/after/daily/2013-01-02/k2@4"
+    assert run_key_after_assets("down", [SimpleNamespace(extra={"other": 1})]) is None
+
+
+def test_default_run_key_of_a_dated_run_is_rendered_with_the_templates(conns) -> None:
+    gate = gate_for(conns[A])
+    gate.render_template_fields({"dag": gate.dag, "logical_date": LOGICAL,
+                                 "ts": LOGICAL.isoformat()})
+    assert gate.run_key == RUN_KEY
+
+
+def test_no_logical_date_and_no_singleton_identity_the_gate_refuses(conns) -> None:
+    with pytest.raises(AirflowFailException, match="Set run_key= on the gate"):
+        run_gate(gate_for(conns[A]), context=asset_triggered([{"source": "not a singleton"}]))
+    with pytest.raises(AirflowFailException, match="not triggered by a singleton"):
+        run_gate(gate_for(conns[A]), context=asset_triggered([]))
+    # an explicit run key needs neither
+    claim, _ = run_gate(gate_for(conns[A], run_key="manual/1"), context=asset_triggered([]))
+    assert claim["run_key"] == "manual/1"
 
 
 def test_live_claim_elsewhere_the_gate_waits_in_every_mode_and_never_skips(
@@ -202,6 +369,9 @@ def test_claim_past_its_handoff_deadline_the_waiting_gate_takes_over(
 
 DEAD_RUNNER = """
 import sys, time
+from airflow.sdk.execution_time.context import OutletEventAccessors
+
+from neli_orchestrate.airflow.assets import EXTRA_KEY, proxy_alias_name
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 conn_id, role, run_key = sys.argv[1:4]
 singleton = NeliHook(conn_id).get_singleton()

@@ -178,6 +178,7 @@ def world(warm_broker: str, tmp_path_factory: pytest.TempPathFactory):
     dags = [
         REPO / "dags" / "nycflights_daily.py",
         REPO / "dags" / "stock_downstream.py",
+        REPO / "dags" / "nycflights_published.py",
         REPO / "dags" / "jobs",
         REPO / "dags" / ".airflowignore",
         HERE / "dags" / "neli_fence_test.py",
@@ -215,10 +216,15 @@ def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
         spark_log = world.regions[runner].task_log(DAG_ID, runs[runner][date], "daily_performance")
         assert "Running under fencing token" in spark_log, spark_log[-3000:]
         assert outcomes[runner]["report"]["state"] == "success"
+        assert outcomes[runner]["clean_scratch"]["state"] == "success"
+        # Only the singleton is skipped where it ran elsewhere: the job and the task marked
+        # as part of it; the report (trigger_rule none_failed) runs in every region.
         assert outcomes[other]["daily_performance"]["state"] == "skipped"
-        assert outcomes[other]["report"]["state"] == "skipped"
+        assert outcomes[other]["clean_scratch"]["state"] == "skipped"
+        assert outcomes[other]["report"]["state"] == "success"
         gate_log = world.regions[other].task_log(DAG_ID, runs[other][date], "claim_run")
         assert f"already completed by deployment '{runner}' at " in gate_log
+        assert "Asset event(s) by proxy for ['nycflights_daily_performance']" in gate_log
 
     # The ledger's whole history: one RUNNING and one COMPLETED per run key, by the runner.
     history = ledger_history(world.bootstrap, f"{world.namespace}.ledger")
@@ -247,6 +253,8 @@ def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
         assert marker.metadata["ledger_run_key"] == key
         assert list(marker.path.glob("*.parquet")), marker.path
 
+    _check_assets_seen_in_every_region(world, ran_in)
+
     # Waiting regions waited in the triggerer at least once (deferrable gates).
     deferred = [
         (region.name, date)
@@ -259,6 +267,81 @@ def test_each_date_runs_exactly_once_across_two_regions(world: World) -> None:
 
     for region in regions:
         assert SECRET not in region.all_logs(), f"{region.name} logged the Kafka secret"
+
+
+PUBLISHED = "nycflights_published"  # dags/nycflights_published.py: scheduled on the asset
+
+
+def _check_assets_seen_in_every_region(world: World, ran_in: dict[str, str]) -> None:
+    """Every region has an event of the daily asset per date (by proxy where it did not run
+    it), naming the runner; the asset-scheduled DAG runs in every region; its singleton
+    ``export`` runs once per run key across the regions."""
+    regions = list(world.regions)
+    for region in regions:
+        events = region.api("GET", "/api/v2/assets/events?limit=100")["asset_events"]
+        daily = [e for e in events if e.get("name") == "nycflights_daily_performance"]
+        by_key = {e["extra"]["neli"]["run_key"]: e for e in daily}
+        assert len(daily) == len(DATES) == len(by_key), (region.name, daily)
+        for date in DATES:
+            event = by_key[f"{DAG_ID}/{date}T00:00:00+00:00"]
+            neli = event["extra"]["neli"]
+            assert neli["deployment"] == ran_in[date], (region.name, date, event)
+            proxy = ran_in[date] != region.name
+            assert neli["proxy"] is proxy, (region.name, date, event)
+            assert event["source_task_id"] == ("claim_run" if proxy else "daily_performance")
+
+    # The consumer: asset-triggered runs in every region, each to success. A region's
+    # scheduler may batch several dates into one run (and Airflow 3.3 may leave an event that
+    # lands while it creates a run for the next event to pick up), so the runs per region vary;
+    # what must hold is that every derived run key exports once across the regions. Wait until
+    # both regions have runs, all finished, and the exports match the ledger.
+    history: list[Any] = []
+    deadline = time.monotonic() + 300
+    while True:
+        published = {
+            region.name: [
+                r for r in region.api("GET", f"/api/v2/dags/{PUBLISHED}/dagRuns?limit=100")[
+                    "dag_runs"]
+            ]
+            for region in regions
+        }
+        finished = all(
+            runs and all(r["state"] in ("success", "failed") for r in runs)
+            for runs in published.values()
+        )
+        if finished:
+            history = ledger_history(world.bootstrap, f"{world.namespace}.ledger")
+            completed = Counter(
+                r.run_key for r in history if r.role == PUBLISHED and r.state == RunState.COMPLETED
+            )
+            exported = Counter(
+                region.task_instances(PUBLISHED, r["dag_run_id"])["export"]["state"]
+                for region in regions
+                for r in published[region.name]
+            )
+            if exported["success"] == sum(completed.values()) > 0:
+                break
+        assert time.monotonic() < deadline, published
+        time.sleep(2)
+    for region in regions:
+        for run in published[region.name]:
+            assert run["state"] == "success", (region.name, run)
+            assert run["run_type"] == "asset_triggered", run
+            tis = region.task_instances(PUBLISHED, run["dag_run_id"])
+            assert tis["where_it_ran"]["state"] == "success", (region.name, run, tis)
+            assert tis["export"]["state"] in ("success", "skipped"), (region.name, run, tis)
+            assert _triggering_run_keys(region, run["dag_run_id"]), run
+    # export: once per derived run key across both regions (ledger: one COMPLETED each)
+    assert set(completed.values()) == {1}, completed
+    assert all(k.startswith(f"{PUBLISHED}/after/nycflights_daily/") for k in completed), completed
+
+
+def _triggering_run_keys(region: Any, run_id: str) -> set[str]:
+    """The upstream run keys of the asset events a DAG run of the consumer was triggered by."""
+    events = region.api(
+        "GET", f"/api/v2/dags/{PUBLISHED}/dagRuns/{run_id}/upstreamAssetEvents"
+    )["asset_events"]
+    return {e["extra"]["neli"]["run_key"] for e in events if "neli" in (e.get("extra") or {})}
 
 
 STOCK_DAG = "stock_downstream"  # dags/stock_downstream.py: the issue's DAG, verbatim

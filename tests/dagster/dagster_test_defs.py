@@ -7,12 +7,14 @@ deployment has its own env): ``NELI_BOOTSTRAP_SERVERS``, ``NELI_DEPLOYMENT``,
 Evidence, appended with O_APPEND so concurrent writers never interleave a line:
 - ``work.log``: one line ``<role> <run key> <deployment> <token> <pid>`` per execution of work;
 - ``fenced_spark-<deployment>.json``: written by the fencing asset once its Spark job runs;
-- ``flaky-failed``: created by the first execution of ``flaky_daily`` (which then fails).
+- ``flaky-failed``: created by the first execution of ``flaky_daily`` (which then fails);
+- ``io/``: the asset values (the IO manager's storage, shared by the deployments).
 """
 
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -241,7 +243,15 @@ defs = dg.Definitions(
             "flaky_job", selection=[flaky_daily, flaky_daily_report], partitions_def=DAYS
         ),
     ],
-    resources={"neli": neli_resource(), "spark": TestSpark()},
+    resources={
+        "neli": neli_resource(),
+        "spark": TestSpark(),
+        # Storage every deployment reads: where a partition is materialized by proxy, its
+        # downstream assets load the value the running deployment stored (docs/dagster.md).
+        "io_manager": dg.FilesystemIOManager(
+            base_dir=str(Path(os.environ.get("NELI_TEST_DIR", tempfile.gettempdir())) / "io")
+        ),
+    },
 )
 
 

@@ -105,16 +105,20 @@ def test_example_asset_computes_a_day_once_across_two_deployments(
     assert report["computed_by"].value == "east"
     assert report["token"].value == token
 
-    assert west.get_asset_materialization_events() == []
-    skipped = {e.step_key for e in west.all_events if e.event_type_value == "STEP_SKIPPED"}
-    assert skipped == {"nycflights_daily_report"}
-    [observation] = [
-        e.asset_observation_data.asset_observation
-        for e in west.all_events
-        if e.event_type_value == "ASSET_OBSERVATION"
-    ]
-    assert observation.metadata["done_by_deployment"].value == "east"
-    assert observation.metadata["done_token"].value == token
+    # West computed nothing: it materialized the date by proxy (naming east and its token)
+    # and its report ran on the output east published.
+    west_keys = {
+        e.asset_key.to_user_string(): e for e in west.get_asset_materialization_events()
+    }
+    assert set(west_keys) == {"nycflights_daily_performance", "nycflights_daily_report"}
+    proxy = west_keys["nycflights_daily_performance"].materialization.metadata
+    assert proxy["neli_by_proxy"].value is True
+    assert (proxy["deployment"].value, proxy["token"].value) == ("east", token)
+    assert proxy["recorded_by"].value == "west"
+    west_report = west_keys["nycflights_daily_report"].materialization.metadata
+    assert (west_report["computed_by"].value, west_report["token"].value) == ("east", token)
+    assert west_report["flights"].value == _flights_on(DATE)
+    assert not [e for e in west.all_events if e.event_type_value == "STEP_SKIPPED"]
 
     published = output / f"date={DATE}"
     assert list(published.glob("*.parquet")), f"nothing published under {published}"

@@ -197,19 +197,118 @@ def test_run_executes_once_then_every_deployment_skips_with_a_trace() -> None:
     for region in ("west", "east"):
         again = _materialize(daily, neli(deployment=region))
         assert again.success
-        assert [e.step_key for e in _events(again, "ASSET_MATERIALIZATION")] == []
-        assert [e.step_key for e in _events(again, "STEP_SKIPPED")] == ["downstream"]
-        [observation] = [
-            e.asset_observation_data.asset_observation for e in _events(again, "ASSET_OBSERVATION")
-        ]
-        assert observation.partition == DAY
-        assert observation.metadata["done_by_deployment"].value == "east"
-        assert observation.metadata["done_token"].value == token
-        done_at = observation.metadata["done_at"]
+        # materialized by proxy: the catalog here sees the partition, downstream runs here
+        proxy = _materialization_of(again, "daily")
+        assert proxy.partition == DAY
+        assert _values(proxy.metadata).items() >= {
+            "neli_by_proxy": True,
+            "neli_outcome": "SKIP_DONE",
+            "deployment": "east",
+            "token": token,
+            "role": "daily",
+            "run_key": DAY,
+            "recorded_by": region,
+        }.items()
+        done_at = proxy.metadata["completed_at"]
         assert isinstance(done_at, dg.TimestampMetadataValue)
         assert abs(done_at.value - time.time()) < 60
+        assert _materialization_of(again, "downstream").partition == DAY
+        assert _events(again, "STEP_SKIPPED") == []
+        assert _events(again, "ASSET_OBSERVATION") == []
     assert len(ran) == 1
     assert WORLD.ledger.history("daily", DAY) == [RunState.RUNNING, RunState.COMPLETED]
+
+
+def _values(metadata: Any) -> dict[str, Any]:
+    return {k: v.value for k, v in metadata.items()}
+
+
+def _materialization_of(result: dg.ExecuteInProcessResult, step: str) -> Any:
+    [materialization] = [
+        e.step_materialization_data.materialization
+        for e in _events(result, "ASSET_MATERIALIZATION")
+        if e.step_key == step
+    ]
+    return materialization
+
+
+def test_materialize_by_proxy_off_observes_and_skips_downstream() -> None:
+    @singleton_asset(partitions_def=DAYS, materialize_by_proxy=False)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        return 1
+
+    assert _materialize(daily, neli(deployment="east")).success
+    again = _materialize(daily, neli(deployment="west"))
+    assert again.success
+    assert _events(again, "ASSET_MATERIALIZATION") == []
+    assert [e.step_key for e in _events(again, "STEP_SKIPPED")] == ["downstream"]
+    [observation] = [
+        e.asset_observation_data.asset_observation for e in _events(again, "ASSET_OBSERVATION")
+    ]
+    assert _values(observation.metadata).items() >= {"deployment": "east", "recorded_by": "west",
+                                                     "neli_by_proxy": True}.items()
+
+
+def test_a_plain_singleton_block_that_returns_records_the_materialization_by_proxy() -> None:
+    @dg.asset(partitions_def=DAYS, output_required=False)
+    def daily(context: dg.AssetExecutionContext, neli: NeliResource):  # type: ignore[no-untyped-def]
+        with neli.singleton(context) as run:
+            if not run.should_run:
+                return
+            yield dg.Output(1, metadata=run.metadata)
+
+    assert _materialize(daily, neli(deployment="east")).success
+    again = _materialize(daily, neli(deployment="west"))
+    assert again.success
+    proxy = _materialization_of(again, "daily")
+    assert _values(proxy.metadata).items() >= {"deployment": "east", "neli_by_proxy": True}.items()
+    # no output: the rest of this Dagster run is skipped (materialize_by_proxy() would run it)
+    assert [e.step_key for e in _events(again, "STEP_SKIPPED")] == ["downstream"]
+
+
+LAST_DAY = "2013-12-31"  # eager() considers the latest time partition only
+
+
+@pytest.mark.parametrize("by_proxy", [True, False])
+def test_eager_downstream_is_requested_where_the_partition_was_materialized_by_proxy(
+    by_proxy: bool,
+) -> None:
+    @singleton_asset(partitions_def=DAYS, name="daily", materialize_by_proxy=by_proxy)
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        return 1
+
+    @dg.asset(
+        partitions_def=DAYS, deps=[daily], automation_condition=dg.AutomationCondition.eager()
+    )
+    def daily_summary() -> None:
+        pass
+
+    def materialize_in(region: str, instance: dg.DagsterInstance) -> None:
+        result = dg.materialize(
+            [daily], partition_key=LAST_DAY, instance=instance,
+            resources={"neli": neli(deployment=region)},
+        )
+        assert result.success
+
+    defs = dg.Definitions(assets=[daily, daily_summary], resources={"neli": neli()})
+    with dg.DagsterInstance.ephemeral() as east, dg.DagsterInstance.ephemeral() as west:
+        instances = {"east": east, "west": west}
+        # The first evaluation only sets the cursor (eager() waits for an update after it).
+        cursors = {
+            name: dg.evaluate_automation_conditions(defs=defs, instance=instance).cursor
+            for name, instance in instances.items()
+        }
+        materialize_in("east", east)  # runs the work
+        materialize_in("west", west)  # completed elsewhere
+        requested = {
+            name: dg.evaluate_automation_conditions(
+                defs=defs, instance=instance, cursor=cursors[name]
+            ).get_requested_partitions(daily_summary.key)
+            for name, instance in instances.items()
+        }
+    assert requested["east"] == {LAST_DAY}
+    # West's catalog sees the partition only through the materialization by proxy.
+    assert requested["west"] == ({LAST_DAY} if by_proxy else set())
 
 
 def test_fence_during_the_work_cancels_spark_jobs_and_fails_the_step_without_retry() -> None:

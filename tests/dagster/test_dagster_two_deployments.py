@@ -2,8 +2,9 @@
 
 Both materialize the same partitions at the same moment against the real broker: each
 partition must be computed exactly once (work log and ledger agree), the other deployment's
-step must succeed without materializing and its downstream steps be skipped, and every run of
-both deployments must succeed. One deployment runs through ``execute_job(reconstructable)``
+step must succeed, materializing the partition by proxy (naming where it ran) without running
+the work, its downstream asset must run there too, and every run of both deployments must
+succeed. One deployment runs through ``execute_job(reconstructable)``
 with the multiprocess executor, the other through ``execute_in_process``; the two tests swap
 them so each pattern is exercised under both executors.
 """
@@ -106,14 +107,21 @@ def test_each_partition_of_a_singleton_asset_is_materialized_in_exactly_one_depl
                     for _, _, message in run["logs"]
                 ), run["logs"]
             else:
-                assert materialized == {}, f"{name} materialized {partition} run elsewhere"
+                # Materialized by proxy (the catalog here sees the partition, naming where it
+                # ran), and the downstream asset ran here too, on the value the runner stored.
+                assert set(materialized) == {"daily_counted", "daily_counted_report"}, name
+                proxy = materialized["daily_counted"]
+                assert proxy["partition"] == partition
+                assert proxy["metadata"].items() >= {
+                    "neli_by_proxy": True,
+                    "neli_outcome": "SKIP_DONE",
+                    "deployment": ran_here,
+                    "token": token,
+                    "recorded_by": name,
+                }.items()
                 assert "daily_counted" in run["step_success"]
-                assert run["step_skipped"] == ["daily_counted_report"]
-                [observation] = run["observations"]
-                assert observation["partition"] == partition
-                assert observation["metadata"]["neli_outcome"] == "SKIP_DONE"
-                assert observation["metadata"]["done_by_deployment"] == ran_here
-                assert observation["metadata"]["done_token"] == token
+                assert run["step_skipped"] == []
+                assert run["observations"] == []
                 assert any(
                     message.startswith("neli metric skip ") and "outcome=SKIP_DONE" in message
                     for _, _, message in run["logs"]
@@ -211,11 +219,12 @@ def test_failed_step_is_retried_by_dagster_in_the_same_deployment_while_the_othe
 
     waited = results[other]["runs"][partition]
     assert waited["success"], waited
-    assert waited["materialized"] == [] and waited["step_retries"] == []
-    assert waited["step_skipped"] == ["flaky_daily_report"]
-    [observation] = waited["observations"]
-    assert observation["metadata"]["done_by_deployment"] == failed_in
-    assert observation["metadata"]["done_token"] == retried_token
+    assert waited["step_retries"] == [] and waited["step_skipped"] == []
+    waited_materialized = {m["asset"]: m["metadata"] for m in waited["materialized"]}
+    assert set(waited_materialized) == {"flaky_daily", "flaky_daily_report"}
+    proxy = waited_materialized["flaky_daily"]
+    assert (proxy["neli_by_proxy"], proxy["deployment"], proxy["token"]) == (
+        True, failed_in, retried_token)
     # The wait is in the waiting deployment's event log, not a silent sleep.
     waits = [m for _, step, m in waited["logs"] if step == "flaky_daily" and "waiting for" in m]
     assert waits, waited["logs"]
@@ -255,8 +264,9 @@ def test_reset_with_the_cli_reruns_a_completed_partition_in_exactly_one_deployme
     assert second["success"]
     assert {m["asset"] for m in second["materialized"]} == {"daily_counted", "daily_counted_report"}
     third = run(east)
-    assert third["success"] and third["materialized"] == []
-    assert third["step_skipped"] == ["daily_counted_report"]
+    assert third["success"] and third["step_skipped"] == []
+    by_proxy = {m["asset"]: m["metadata"] for m in third["materialized"]}["daily_counted"]
+    assert (by_proxy["neli_by_proxy"], by_proxy["deployment"]) == (True, "west")
 
     executions = [(d, t) for role, _, d, t in work_log(tmp_path) if role == "daily_counted"]
     assert [d for d, _ in executions] == ["east", "west"]
@@ -270,5 +280,4 @@ def test_reset_with_the_cli_reruns_a_completed_partition_in_exactly_one_deployme
     ]
     assert records[2].reason == "late data, ticket DATA-1"
     assert executions[1][1] == records[3].token > records[2].token > executions[0][1]
-    [observation] = third["observations"]
-    assert observation["metadata"]["done_by_deployment"] == "west"
+    assert by_proxy["token"] == records[4].token and third["observations"] == []

@@ -327,7 +327,12 @@ class _FencedExecution:
         self.in_work = True
         try:
             with _environ(current.env()):
-                return self.work()
+                result = self.work()
+            # The task's own asset events name the run, as the other regions' proxies do.
+            from neli_orchestrate.airflow.assets import stamp_outlet_events
+
+            stamp_outlet_events(task, self.context, current)
+            return result
         except BaseException as exc:
             # Stop first, then record, then release: an execution_timeout (Airflow raises
             # AirflowTaskTimeout here and calls on_kill only after execute returned), a SIGTERM

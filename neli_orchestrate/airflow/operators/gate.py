@@ -13,7 +13,12 @@ Every deployment runs the same DAG. For each run the gate asks the run ledger (t
   ``{"token", "run_key", "role", "deployment"}`` as its return value XCom; the fenced task
   downstream re-verifies the claim and runs under it.
 - ``SKIP_DONE``: the run is ``COMPLETED`` (here or elsewhere). The gate succeeds, logs where
-  and when the run completed, and skips everything downstream.
+  and when the run completed, and skips the singleton: its direct child and the tasks named in
+  ``singleton_tasks``. Every other task downstream runs as its trigger rule says (a task after
+  the child with ``trigger_rule="none_failed"`` runs in every region; with the default
+  ``all_success`` Airflow skips it too). The skipped tasks' outlets receive an asset event
+  here by proxy, whose ``extra["neli"]`` names the deployment that ran the run, its role, run
+  key and token (``proxy_asset_events=False`` turns that off).
 - ``WAIT``: another deployment leads the role or holds a live claim. The gate keeps waiting
   (poke, reschedule or deferred), and never skips: a run nobody has completed must stay
   runnable here in case the other deployment dies.
@@ -51,10 +56,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Default run key: the same string in every deployment for the same logical date. Runs without
-#: a logical date (asset-triggered, or manual with logical_date=None) fall back to the run id,
-#: which differs between deployments; give such DAGs an explicit run_key.
-DEFAULT_RUN_KEY = "{{ dag.dag_id }}/{{ ts if logical_date else run_id }}"
+# Default run key (run_key=None): "<dag_id>/<ts>" when the run has a logical date, the same
+# string in every deployment for the same date. A run without one (asset-triggered) derives its
+# key from the singleton identity its triggering asset events carry
+# (neli_orchestrate.airflow.assets.run_key_after_assets); with neither, the gate refuses to run
+# and says what to set.
 
 #: XCom key under which a skipping gate records the ledger entry it found.
 DONE_ELSEWHERE_XCOM_KEY = "neli_done"
@@ -67,7 +73,11 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
     :param role: the singleton role (templated); one holder at a time. Template it per date
         (``"daily/{{ ds }}"``) to let dates run in parallel.
     :param run_key: the run's exactly-once key (templated); default
-        ``"<dag_id>/<logical date ISO>"`` (the run id when there is no logical date).
+        ``"<dag_id>/<logical date ISO>"``. A run without a logical date that was triggered by a
+        singleton's asset events gets ``"<dag_id>/after/<role>/<run key>@<token>"`` of the
+        upstream run, the same in every region; any other run without a logical date (manual
+        with ``logical_date=None``) fails the gate: set ``run_key`` from something every region
+        shares, e.g. ``"{{ dag.dag_id }}/{{ params.day }}"``.
     :param neli_conn_id: ``neli`` or ``kafka`` connection (see NeliHook).
     :param deployment: overrides the connection's deployment id.
     :param acquire_timeout: seconds one attempt waits to lead the role (connection default).
@@ -78,6 +88,14 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
     :param run_acquire_timeout: seconds the fenced task after the gate waits to lead the role
         before failing its try (connection default). Runs of one role execute one after
         another, so allow for the longest run ahead of this one.
+    :param singleton_tasks: ids of further tasks that belong to the singleton: skipped with the
+        gate's direct child in the regions where the run completed elsewhere, whatever their
+        trigger rule (e.g. an ``all_done`` clean-up of the job's scratch space, a notification
+        only the running region sends). Each must be downstream of the gate.
+    :param proxy_asset_events: when the run completed elsewhere, emit the asset events of the
+        skipped tasks' outlets here by proxy (default True), so DAGs scheduled on those assets
+        run in this region too. The gate declares an ``AssetAlias`` outlet
+        (``neli-proxy/<dag_id>/<task_id>``) for it; False declares none and emits nothing.
 
     The one task directly downstream runs fenced, whatever its operator (see
     :func:`neli_orchestrate.airflow.operators.fenced.fence_downstream`).
@@ -99,13 +117,33 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         deferrable: bool | None = None,
         poke_interval: float | timedelta = 30,
         run_acquire_timeout: float | None = None,
+        singleton_tasks: Sequence[str] = (),
+        proxy_asset_events: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
         if not role:
             raise ValueError(f"{type(self).__name__} {self.task_id!r}: role must not be empty")
+        if isinstance(singleton_tasks, str):
+            raise ValueError(
+                f"{type(self).__name__} {self.task_id!r}: singleton_tasks is a list of task ids, "
+                f"not one string: write singleton_tasks=[{singleton_tasks!r}]"
+            )
         self.role = role
-        self.run_key = run_key or DEFAULT_RUN_KEY
+        # None: derived per run in poke() (logical date, else the triggering assets' identity).
+        self.run_key: str | None = run_key or None
+        self._derive_run_key = not run_key
+        self.singleton_tasks = list(singleton_tasks)
+        self.proxy_asset_events = proxy_asset_events
+        if proxy_asset_events:
+            from airflow.sdk import AssetAlias
+
+            from neli_orchestrate.airflow.assets import proxy_alias_name
+
+            self.outlets = [
+                *(self.outlets or []),
+                AssetAlias(proxy_alias_name(self.dag_id, self.task_id)),
+            ]
         self.neli_conn_id = neli_conn_id
         self.deployment = deployment
         self.acquire_timeout = acquire_timeout
@@ -120,16 +158,63 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
     def _trigger_run_key(self) -> str | None:
         return self.run_key
 
+    def render_template_fields(self, context: Context, jinja_env: Any = None) -> None:
+        """Render the templates, and the default run key with them (the UI's rendered fields
+        and the NELI run link show it before the gate pokes)."""
+        super().render_template_fields(context, jinja_env)
+        if self._derive_run_key:
+            try:
+                self._resolve_run_key(context)
+            except AirflowFailException:
+                self.run_key = None  # poke() raises it, failing the task with the message
+
+    def _resolve_run_key(self, context: Context) -> str:
+        """This run's key: the explicit one, else from the logical date or triggering assets."""
+        if self.run_key and not self._derive_run_key:
+            return self.run_key
+        from neli_orchestrate.airflow.assets import run_key_after_assets
+
+        if context.get("logical_date") is not None:
+            self.run_key = f"{self.dag_id}/{context['ts']}"
+            return self.run_key
+        dag_run = context.get("dag_run")
+        events = list(getattr(dag_run, "consumed_asset_events", None) or ())
+        derived = run_key_after_assets(self.dag_id, events)
+        if derived is not None:
+            if self.run_key == derived:
+                return derived
+            self.run_key = derived
+            self.log.info(
+                "Run key %r derived from the singleton run that triggered this DAG run "
+                "(asset event extra 'neli'); every region derives the same",
+                derived,
+            )
+            return derived
+        why = (
+            f"its {len(events)} triggering asset event(s) carry no NELI singleton identity "
+            "(extra 'neli': they come from a task that is not a singleton behind a gate)"
+            if events
+            else "it was not triggered by a singleton's asset events"
+        )
+        raise AirflowFailException(
+            f"gate {self.task_id!r}: this DAG run has no logical date and {why}, so no run key "
+            "is the same in every region; the run would execute once per region. Set run_key= "
+            "on the gate to a template every region renders alike, e.g. "
+            "run_key=\"{{ dag.dag_id }}/{{ params.day }}\", or trigger the run with a logical date"
+        )
+
     def poke(self, context: Context) -> bool | PokeReturnValue:
         """One attempt: reserve the run and act on the outcome (RUN, SKIP_DONE or WAIT)."""
         from neli_orchestrate.decision import Outcome
 
         self._check_fencing()
+        run_key = self._resolve_run_key(context)
+        skipped_where_done = self._singleton_task_list()
         hook = self._hook()
         try:
             with open_singleton(hook) as singleton:
                 # Singleton.reserve never joins a busy group (it reads the ledger instead).
-                reservation = singleton.reserve(self.role, self.run_key)
+                reservation = singleton.reserve(self.role, run_key)
         except ConfigError as exc:
             # Configuration does not fix itself between pokes or retries.
             raise AirflowFailException(f"NELI configuration error: {exc}") from exc
@@ -159,7 +244,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
             )
             return PokeReturnValue(is_done=True, xcom_value=claim)
         if outcome is Outcome.SKIP_DONE:
-            self._skip_downstream(context, reservation.record)
+            self._skip_singleton(context, reservation.record, skipped_where_done, deployment)
             return PokeReturnValue(is_done=True, xcom_value=None)
         if outcome is Outcome.WAIT:
             self.log.info(
@@ -176,7 +261,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
             raise AirflowFailException(
                 f"run {self.run_key!r} of role {self.role!r} failed for good (max attempts "
                 f"reached): {describe(reservation.record)}. To run it again: "
-                f"{reset_command(self.role, self.run_key)}, then clear this gate in one region"
+                f"{reset_command(self.role, str(self.run_key))}, then clear this gate in one region"
             )
         raise AirflowException(f"unexpected reservation outcome {outcome!r} for {self.run_key!r}")
 
@@ -208,23 +293,118 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
                 "airflow_local_settings.py"
             )
 
-    def _skip_downstream(self, context: Context, record: Any) -> None:
+    def _singleton_task_list(self) -> list[Any]:
+        """The tasks skipped where the run completed elsewhere: the child, then singleton_tasks."""
+        if self.dag is None:
+            return list(self.downstream_list)
+        downstream = {t.task_id: t for t in self.get_flat_relatives(upstream=False)}
+        unknown = [t for t in self.singleton_tasks if t not in downstream]
+        if unknown:
+            raise AirflowFailException(
+                f"gate {self.task_id!r}: singleton_tasks {unknown} are not downstream of the gate "
+                f"in DAG {self.dag_id!r}; name tasks after it (downstream: {sorted(downstream)})"
+            )
+        tasks = list(self.downstream_list)
+        tasks += [downstream[t] for t in self.singleton_tasks if downstream[t] not in tasks]
+        return tasks
+
+    def _skip_singleton(
+        self, context: Context, record: Any, tasks: list[Any], here: str
+    ) -> None:
         ti = context["ti"]
-        downstream = list(self.get_flat_relatives(upstream=False))
         where = (
             f"deployment {record.deployment!r} at {format_epoch(record.at)} (token {record.token})"
             if record is not None
             else "another deployment"
         )
+        skipped = [t.task_id for t in tasks]
         self.log.info(
-            "Run %r of role %r already completed by %s; skipping downstream %s. To run it "
-            "again: %s, then clear this gate in one region",
+            "Run %r of role %r already completed by %s; skipping the singleton %s here; tasks "
+            "after it run as their trigger rules say. To run it again: %s, then clear this gate "
+            "in one region",
             self.run_key,
             self.role,
             where,
-            sorted(t.task_id for t in downstream),
-            reset_command(self.role, self.run_key),
+            skipped,
+            reset_command(self.role, self.run_key or "RUN_KEY"),
         )
-        ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=record_to_dict(record))
-        # Raises DownstreamTasksSkipped when there is anything to skip.
-        self.skip(ti=ti, tasks=downstream)
+        done = record_to_dict(record)
+        url = self._region_url(record.deployment) if record is not None else None
+        if done is not None and url:
+            done["url"] = url
+            self.log.info(
+                "Ran in deployment %r with token %s: %s", record.deployment, record.token, url
+            )
+        ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=done)
+        if self.proxy_asset_events and record is not None:
+            self._emit_by_proxy(context, record, tasks, here)
+        # Raises DownstreamTasksSkipped when there is anything to skip; the task runner then
+        # records the gate's success with the outlet events added above.
+        self.skip(ti=ti, tasks=tasks)
+
+    def _region_url(self, deployment: str) -> str | None:
+        """This DAG's page in ``deployment``'s UI, from the connection extra ``region_urls``
+        (``{"us-east-1": "https://airflow.us-east-1.example.com", ...}``); None if unknown."""
+        import json
+
+        try:
+            extra = NeliHook.get_connection(self.neli_conn_id).extra_dejson or {}
+            urls = extra.get("region_urls") or {}
+            if isinstance(urls, str):
+                urls = json.loads(urls)
+        except Exception as exc:  # noqa: BLE001 - a link must never fail the gate
+            self.log.warning("Cannot read region_urls of connection %r: %s", self.neli_conn_id, exc)
+            return None
+        base = urls.get(deployment) if isinstance(urls, dict) else None
+        if not isinstance(base, str) or not base:
+            return None
+        return f"{base.rstrip('/')}/dags/{self.dag_id}"
+
+    def _emit_by_proxy(self, context: Context, record: Any, tasks: list[Any], here: str) -> None:
+        """Add an asset event for each skipped task's outlet, through the gate's proxy alias."""
+        from airflow.sdk import AssetAlias
+
+        from neli_orchestrate.airflow.assets import (
+            EXTRA_KEY,
+            PROXY_ALIAS_PREFIX,
+            concrete_outlets,
+            proxy_alias_name,
+            proxy_identity,
+        )
+
+        events = context.get("outlet_events")
+        assets: list[Any] = []
+        for task in tasks:
+            found, refused = concrete_outlets(task)
+            assets += [a for a in found if a not in assets]
+            if refused:
+                self.log.warning(
+                    "Task %r declares %s as outlets: which assets those resolve to is decided "
+                    "in the run itself, so no event is emitted for them here by proxy",
+                    task.task_id,
+                    refused,
+                )
+        if not assets:
+            return
+        if events is None:
+            self.log.warning("No outlet_events in this context: no asset event by proxy")
+            return
+        extra: dict[str, Any] = {
+            EXTRA_KEY: proxy_identity(record, role=self.role, run_key=str(self.run_key), here=here)
+        }
+        # The alias declared in __init__ (the DAG's id was known then if the gate was made in
+        # a `with DAG` block), else this DAG's.
+        name = next(
+            (o.name for o in self.outlets or ()
+             if isinstance(o, AssetAlias) and o.name.startswith(PROXY_ALIAS_PREFIX)),
+            proxy_alias_name(self.dag_id, self.task_id),
+        )
+        alias = events[AssetAlias(name)]
+        for asset in assets:
+            alias.add(asset, extra=extra)
+        self.log.info(
+            "Asset event(s) by proxy for %s: the run was done by deployment %r with token %s",
+            [getattr(a, "name", None) or getattr(a, "uri", None) for a in assets],
+            record.deployment,
+            record.token,
+        )
