@@ -14,7 +14,7 @@ the date as materialized, with the deployment and token that computed it), and i
 ``nycflights_daily_report`` runs too, on the output every deployment shares.
 
 Environment: ``NELI_BOOTSTRAP_SERVERS`` and ``NELI_DEPLOYMENT`` (required at run time),
-``NELI_NAMESPACE`` (default ``neli.example``), ``NELI_EXAMPLE_OUTPUT`` (Parquet root shared by
+``NELI_NAMESPACE`` (default ``neli-example``), ``NELI_EXAMPLE_OUTPUT`` (Parquet root shared by
 the deployments, default ``~/.local/share/neli_orchestrate/nycflights_daily``),
 ``NELI_SPARK_MASTER`` (default ``local[*]``).
 """
@@ -156,7 +156,7 @@ defs = dg.Definitions(
         "neli": NeliResource(
             bootstrap_servers=dg.EnvVar("NELI_BOOTSTRAP_SERVERS"),
             deployment=dg.EnvVar("NELI_DEPLOYMENT"),
-            namespace=os.environ.get("NELI_NAMESPACE", "neli.example"),
+            namespace=os.environ.get("NELI_NAMESPACE", "neli-example"),
         ),
         "spark": LocalSpark(master=os.environ.get("NELI_SPARK_MASTER", "local[*]")),
         "storage": FlightsStorage(

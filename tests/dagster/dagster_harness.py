@@ -104,7 +104,7 @@ def make_deployment(
 
 
 def unique_namespace() -> str:
-    return f"t.dagster.{uuid.uuid4().hex[:10]}"
+    return f"t-dagster-{uuid.uuid4().hex[:10]}"
 
 
 def work_log(root: Path) -> list[tuple[str, str, str, int]]:
