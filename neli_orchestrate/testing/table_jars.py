@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from neli_orchestrate.errors import NeliError
 
@@ -115,3 +116,58 @@ def spark_jars(jars: Path, *, delta: bool = True, iceberg: bool = True) -> str:
     """Return the comma-separated ``spark.jars`` / ``--jars`` value for the chosen formats."""
     names = (DELTA_JARS if delta else ()) + (ICEBERG_JARS if iceberg else ())
     return ",".join(str(jars / name) for name in names)
+
+
+def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "neli",
+                        app_name: str = "neli_orchestrate tables", cores: int = 2) -> Any:
+    """Return a local SparkSession with Delta and an Iceberg Hadoop catalog on ``warehouse``.
+
+    For tests, demos and notebooks on one machine: the jars come from
+    :func:`ensure_table_format_jars`, the settings from
+    :func:`~neli_orchestrate.spark.delta.delta_session_conf` and
+    :func:`~neli_orchestrate.spark.iceberg.iceberg_catalog_conf`, tuned small (few shuffle and
+    Delta snapshot partitions, no UI). Jars can only reach the driver when its JVM starts, so a
+    gateway JVM left over from an earlier, stopped session in this process is shut down first;
+    a session still running is an error.
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from neli_orchestrate.spark.delta import delta_session_conf
+    from neli_orchestrate.spark.iceberg import iceberg_catalog_conf
+
+    if SparkContext._active_spark_context is not None:
+        raise TableJarsError(
+            "a SparkSession is already running in this process; stop it first (the table-format "
+            "jars can only be added when the driver JVM starts)"
+        )
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        # The JVM of an earlier session lacks our jars on the driver's classpath: end it (it
+        # exits when its stdin closes) so the next session launches a fresh one with them.
+        gateway.shutdown()
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=60)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+    jars = ensure_table_format_jars()
+    conf = {
+        **iceberg_catalog_conf(catalog, str(warehouse), extensions=False),
+        **delta_session_conf(),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension,"
+        "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.jars": spark_jars(jars),
+        "spark.sql.shuffle.partitions": str(cores),
+        "spark.default.parallelism": str(cores),
+        # Delta replays its log with this many partitions (50 by default: ~20 s per new table)
+        "spark.databricks.delta.snapshotPartitions": str(cores),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
