@@ -96,8 +96,8 @@ def test_concurrent_commits_lower_token_raises_and_higher_wins(spark, tmp_path, 
 
     assert owner.committed
     # refused by Delta's conflict check at commit time, not by the check before writing
-    assert [r.getMessage().split(":")[1] for r in lost_races(caplog)] == [
-        " commit of token 5 lost a race (try 1)"
+    assert ["commit of token 5 lost a race" in r.getMessage() for r in lost_races(caplog)] == [
+        True
     ]
     assert isinstance(zombie.error, StaleTokenError), zombie.error
     assert (zombie.error.token, zombie.error.committed) == (ZOMBIE, OWNER)
