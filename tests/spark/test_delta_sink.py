@@ -5,9 +5,9 @@ token raises instead of being skipped quietly."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
+from sink_cases import DATE, OTHER_DATE, Background, Gate, frame, rows
 
 from neli_orchestrate.errors import StaleTokenError
 from neli_orchestrate.spark.delta import (
@@ -17,12 +17,9 @@ from neli_orchestrate.spark.delta import (
     write_delta_fenced,
 )
 from neli_orchestrate.testing.table_jars import local_table_session
-from sink_cases import DATE, OTHER_DATE, Background, Gate, frame, rows
 
 ROLE = "daily_flights"
 ZOMBIE, OWNER = 5, 7
-
-_started = time.monotonic()
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +27,6 @@ def spark(tmp_path_factory):
     session = local_table_session(tmp_path_factory.mktemp("warehouse"), app_name="delta sink")
     yield session
     session.stop()
-    logging.getLogger(__name__).info("test_delta_sink wall time %.1f s", time.monotonic() - _started)
 
 
 def table_rows(spark, path, date=DATE):
