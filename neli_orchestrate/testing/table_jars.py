@@ -34,7 +34,10 @@ SPARK_MINOR = "4.1"
 DELTA_VERSION = "4.4.0"
 ICEBERG_VERSION = "1.12.0"
 
-DELTA_JARS = (f"delta-spark_{SPARK_MINOR}_2.13-{DELTA_VERSION}.jar", f"delta-storage-{DELTA_VERSION}.jar")
+DELTA_JARS = (
+    f"delta-spark_{SPARK_MINOR}_2.13-{DELTA_VERSION}.jar",
+    f"delta-storage-{DELTA_VERSION}.jar",
+)
 ICEBERG_JARS = (f"iceberg-spark-runtime-{SPARK_MINOR}_2.13-{ICEBERG_VERSION}.jar",)
 
 
