@@ -121,6 +121,16 @@ def spark_jars(jars: Path, *, delta: bool = True, iceberg: bool = True) -> str:
     return ",".join(str(jars / name) for name in names)
 
 
+def _has_table_classes(gateway: Any) -> bool:
+    """Whether a running driver JVM can load the Delta and Iceberg Spark classes."""
+    from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
+
+    jvm = gateway.jvm
+    return isinstance(jvm.io.delta.sql.DeltaSparkSessionExtension, JavaClass) and isinstance(
+        jvm.org.apache.iceberg.spark.SparkCatalog, JavaClass
+    )
+
+
 def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "neli",
                         app_name: str = "neli_orchestrate tables", cores: int = 2) -> Any:
     """Return a local SparkSession with Delta and an Iceberg Hadoop catalog on ``warehouse``.
@@ -130,8 +140,8 @@ def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "ne
     :func:`~neli_orchestrate.spark.delta.delta_session_conf` and
     :func:`~neli_orchestrate.spark.iceberg.iceberg_catalog_conf`, tuned small (few shuffle and
     Delta snapshot partitions, no UI). Jars can only reach the driver when its JVM starts, so a
-    gateway JVM left over from an earlier, stopped session in this process is shut down first;
-    a session still running is an error.
+    driver JVM left over from an earlier, stopped session in this process that cannot load
+    them is shut down first (one that can is reused); a session still running is an error.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -145,7 +155,7 @@ def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "ne
             "jars can only be added when the driver JVM starts)"
         )
     gateway = SparkContext._gateway
-    if gateway is not None:
+    if gateway is not None and not _has_table_classes(gateway):
         # The JVM of an earlier session lacks our jars on the driver's classpath: end it (it
         # exits when its stdin closes) so the next session launches a fresh one with them.
         gateway.shutdown()
