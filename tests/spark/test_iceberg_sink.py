@@ -1,0 +1,156 @@
+"""Token-checked Iceberg commits (neli_orchestrate.spark.iceberg) against real Spark and the real
+Iceberg runtime, with a Hadoop catalog on a local warehouse: the token rides in the snapshot
+summary and a commit that raced with a newer token's is refused by Iceberg's own validation."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from sink_cases import DATE, OTHER_DATE, Background, Gate, frame, rows
+
+from neli_orchestrate.errors import ConfigError, StaleTokenError
+from neli_orchestrate.spark.iceberg import committed_tokens, write_iceberg_fenced
+from neli_orchestrate.testing.table_jars import local_table_session
+
+ROLE = "daily_flights"
+ZOMBIE, OWNER = 5, 7
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    session = local_table_session(tmp_path_factory.mktemp("warehouse"), app_name="iceberg sink")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def table(spark):
+    name = f"neli.flights.daily_{uuid.uuid4().hex[:8]}"
+    spark.sql(
+        f"CREATE TABLE {name} (date string, carrier string, flights bigint, writer string) "
+        "USING iceberg PARTITIONED BY (date)"
+    )
+    return name
+
+
+def table_rows(spark, table, date=DATE):
+    df = spark.table(table).where(f"date = '{date}'")
+    return sorted(tuple(r) for r in df.select("date", "carrier", "flights", "writer").collect())
+
+
+def write(spark, table, data, token, gate=None, run_key=DATE, **kwargs):
+    df = frame(spark, data)
+    return write_iceberg_fenced(gate.hold(df) if gate else df, table, run_key, token, role=ROLE,
+                                **kwargs)
+
+
+def snapshot_ids(spark, table):
+    return [r[0] for r in spark.sql(f"SELECT snapshot_id FROM {table}.snapshots").collect()]
+
+
+def tokens(spark, table):
+    return [token for token, _ in committed_tokens(spark, table, DATE, role=ROLE)]
+
+
+def lost_races(caplog):
+    return [r.getMessage() for r in caplog.records if "lost a race" in r.getMessage()]
+
+
+def test_zombie_commits_first_then_owner_replaces_its_rows(spark, table):
+    write(spark, table, rows("other-day", 2, OTHER_DATE), 3, run_key=OTHER_DATE)
+    write(spark, table, rows("zombie", 3), ZOMBIE)
+    commit = write(spark, table, rows("owner", 2), OWNER)
+
+    assert commit.committed and commit.token == OWNER
+    assert table_rows(spark, table) == sorted(rows("owner", 2))
+    assert table_rows(spark, table, OTHER_DATE) == sorted(rows("other-day", 2, OTHER_DATE))
+    assert tokens(spark, table) == [ZOMBIE, OWNER]
+    summary = spark.sql(
+        f"SELECT summary FROM {table}.snapshots WHERE snapshot_id = {commit.snapshot_id}"
+    ).collect()[0][0]
+    assert summary["neli.token"] == str(OWNER) and summary["neli.run-key"] == DATE
+
+
+def test_owner_commits_first_then_zombie_raises_and_table_is_unchanged(spark, table):
+    write(spark, table, rows("owner", 2), OWNER)
+    before_rows, before_snapshots = table_rows(spark, table), snapshot_ids(spark, table)
+
+    with pytest.raises(StaleTokenError) as raised:
+        write(spark, table, rows("zombie", 3), ZOMBIE)
+
+    assert (raised.value.token, raised.value.committed) == (ZOMBIE, OWNER)
+    assert str(ZOMBIE) in str(raised.value) and str(OWNER) in str(raised.value)
+    after_rows = table_rows(spark, table)
+    assert len(after_rows) == len(before_rows) == 2
+    assert after_rows == before_rows == sorted(rows("owner", 2))
+    assert snapshot_ids(spark, table) == before_snapshots
+
+
+def test_concurrent_commits_lower_token_raises_and_higher_wins(spark, table, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="neli_orchestrate.spark.iceberg")
+    write(spark, table, rows("other-day", 1, OTHER_DATE), 1, run_key=OTHER_DATE)
+    gate = Gate(tmp_path, "zombie")
+    # The zombie reads the table (no token yet for the date) and is held inside its write job
+    # while the owner commits: Iceberg's validation must then refuse the zombie's commit.
+    # allow_empty=True only skips the emptiness probe, which would run the held job early.
+    zombie = Background(lambda: write(spark, table, rows("zombie", 3), ZOMBIE, gate,
+                                      allow_empty=True))
+    gate.wait_started(zombie)
+    owner = write(spark, table, rows("owner", 2), OWNER)
+    gate.release()
+    zombie.join()
+
+    assert owner.committed
+    assert ["commit of token 5 lost a race" in m for m in lost_races(caplog)] == [True]
+    assert isinstance(zombie.error, StaleTokenError), zombie.error
+    assert (zombie.error.token, zombie.error.committed) == (ZOMBIE, OWNER)
+    assert table_rows(spark, table) == sorted(rows("owner", 2))
+    assert table_rows(spark, table, OTHER_DATE) == sorted(rows("other-day", 1, OTHER_DATE))
+    assert tokens(spark, table) == [OWNER]
+
+
+def test_concurrent_commits_higher_token_retries_after_lower_commits(
+    spark, table, tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="neli_orchestrate.spark.iceberg")
+    write(spark, table, rows("other-day", 1, OTHER_DATE), 1, run_key=OTHER_DATE)
+    gate = Gate(tmp_path, "owner")
+    owner = Background(lambda: write(spark, table, rows("owner", 2), OWNER, gate,
+                                     allow_empty=True))
+    gate.wait_started(owner)
+    write(spark, table, rows("zombie", 3), ZOMBIE)  # the zombie's commit lands first...
+    gate.release()
+    owner.join()
+
+    assert owner.error is None, owner.error
+    assert owner.result.committed
+    assert len(lost_races(caplog)) == 1
+    # ...and the owner's refused commit is retried over it: only the owner's rows remain
+    assert table_rows(spark, table) == sorted(rows("owner", 2))
+    assert tokens(spark, table) == [ZOMBIE, OWNER]
+
+
+def test_takeover_after_kill_after_job_commits_again_without_duplicating_rows(spark, table):
+    write(spark, table, rows("run", 4), ZOMBIE)  # committed, then died before COMPLETED
+    commit = write(spark, table, rows("run", 4), OWNER)
+
+    assert commit.committed
+    assert table_rows(spark, table) == sorted(rows("run", 4))  # four rows, not eight
+    assert tokens(spark, table) == [ZOMBIE, OWNER]
+
+
+def test_same_token_twice_is_an_idempotent_no_op(spark, table):
+    first = write(spark, table, rows("owner", 2), OWNER)
+    again = write(spark, table, rows("owner-retry", 5), OWNER)
+
+    assert first.committed and not again.committed
+    assert again.snapshot_id == first.snapshot_id
+    assert table_rows(spark, table) == sorted(rows("owner", 2))
+
+
+def test_empty_output_is_refused_unless_allowed(spark, table):
+    with pytest.raises(ConfigError, match="empty DataFrame"):
+        write(spark, table, [], OWNER)
+    assert snapshot_ids(spark, table) == []
