@@ -15,7 +15,7 @@ The table (DESIGN.md, layer 3), for the latest record of the run key:
 latest record                                outcome       writes
 ===========================================  ============  ================================
 none, or RESET (an operator's audited reset)  RUN           claim, attempt 1
-COMPLETED                                    SKIP_DONE     nothing
+COMPLETED (also "skipped by the task")       SKIP_DONE     nothing
 CLAIMED by another deployment, before its    WAIT          nothing (release leadership,
 handoff deadline (+ max clock error)                       decide again later)
 CLAIMED by another deployment, past it       TAKE_OVER     claim, same attempt number
@@ -60,7 +60,24 @@ __all__ = [
     "decide",
     "is_terminal",
     "reset_record",
+    "skipped_by_work",
+    "skipped_reason",
 ]
+
+#: Reason prefix of a COMPLETED record whose work skipped itself (terminal, like any completion).
+SKIPPED_BY_TASK = "skipped by the task"
+
+
+def skipped_reason(detail: str) -> str:
+    """The reason of the ``COMPLETED`` record written when the work skipped itself."""
+    detail = detail.strip()
+    return (f"{SKIPPED_BY_TASK}: {detail}" if detail else SKIPPED_BY_TASK)[:2000]
+
+
+def skipped_by_work(record: LedgerRecord | None) -> bool:
+    """True for a ``COMPLETED`` record whose work skipped itself (shown as such by CLI and UI)."""
+    return (record is not None and record.state is RunState.COMPLETED
+            and record.reason.startswith(SKIPPED_BY_TASK))
 
 
 class Outcome(StrEnum):
@@ -198,9 +215,10 @@ def decide(
     ours = latest.deployment == me.deployment
 
     if state is RunState.COMPLETED:
+        how = "skipped by its task" if skipped_by_work(latest) else "completed"
         return Decision(
             Outcome.SKIP_DONE,
-            f"completed by {who} with token {latest.token}",
+            f"{how} by {who} with token {latest.token}",
             latest,
             attempt=latest.attempt,
         )

@@ -57,6 +57,7 @@ from neli_orchestrate.decision import (
     claim_record,
     decide,
     reset_record,
+    skipped_reason,
 )
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
@@ -65,6 +66,7 @@ from neli_orchestrate.errors import (
     FencedError,
     KafkaUnavailableError,
     SkippedRun,
+    WorkSkipped,
 )
 from neli_orchestrate.ledger import (
     KafkaLedger,
@@ -575,8 +577,8 @@ class Singleton:
                 lead.close()  # release at once: a WAIT must not hold the claimant's executor
                 yield run
                 return
-            with self._hold(lead, writer, run, record):
-                yield run
+            with contextlib.suppress(WorkSkipped), self._hold(lead, writer, run, record):
+                yield run  # a WorkSkipped ends the block: recorded COMPLETED (skipped)
         finally:
             if writer is not None:
                 writer.close()
@@ -871,6 +873,13 @@ class Singleton:
             run.check()
             try:
                 yield run
+            except WorkSkipped as exc:
+                # The work skipped itself: terminal (COMPLETED, "skipped by the task"), never
+                # FAILED, which another region would take over and skip again, for ever.
+                run.check()
+                self._write_end(writer, run, record.advance(
+                    RunState.COMPLETED, at=self._wall(), reason=skipped_reason(str(exc))))
+                raise
             except BaseException as exc:
                 if isinstance(exc, FencedError):
                     raise

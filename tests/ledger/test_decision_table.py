@@ -18,6 +18,8 @@ from neli_orchestrate.decision import (
     decide,
     is_terminal,
     reset_record,
+    skipped_by_work,
+    skipped_reason,
 )
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger import LedgerRecord, Replay, ReplayBuilder, RunState
@@ -58,6 +60,23 @@ def test_no_record_runs_with_attempt_one() -> None:
 def test_completed_is_skipped_whoever_completed_it(who: Claimant) -> None:
     decision = decide(rec(RunState.COMPLETED, who), US, now=NOW, policy=POLICY)
     assert decision.outcome is Outcome.SKIP_DONE and not decision.writes
+
+
+@pytest.mark.parametrize("who", [US, EU])
+@pytest.mark.parametrize("at", [NOW - 10, NOW - 10_000])
+def test_a_run_its_work_skipped_is_done_for_every_deployment_forever(
+    who: Claimant, at: float
+) -> None:
+    running = rec(RunState.RUNNING, who, at=at - 1)
+    skipped = running.advance(RunState.COMPLETED, at=at, reason=skipped_reason("exit code 99"))
+    assert skipped_by_work(skipped) and skipped.reason == "skipped by the task: exit code 99"
+    assert is_terminal(skipped, POLICY)
+    for me in (US, EU):  # neither the skipping deployment nor another one runs it again
+        decision = decide(skipped, me, now=NOW, policy=POLICY)
+        assert decision.outcome is Outcome.SKIP_DONE and not decision.writes
+        assert "skipped by its task" in decision.reason
+    assert not skipped_by_work(running.advance(RunState.COMPLETED, at=at))
+    assert not skipped_by_work(running.advance(RunState.FAILED, at=at, reason="skipped by x"))
 
 
 def test_another_deployments_live_claim_means_wait_until_its_deadline() -> None:

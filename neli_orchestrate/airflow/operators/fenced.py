@@ -55,6 +55,7 @@ from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
     AirflowSkipException,
+    DownstreamTasksSkipped,
     TaskDeferred,
 )
 
@@ -65,7 +66,7 @@ from neli_orchestrate.airflow.claims import (
     reset_command,
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.errors import ConfigError, FencedError, SkippedRun
+from neli_orchestrate.errors import ConfigError, FencedError, SkippedRun, WorkSkipped
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -246,6 +247,11 @@ class _FencedExecution:
             )
         except SkippedRun as exc:
             raise AirflowSkipException(str(exc)) from exc
+        except WorkSkipped as exc:
+            # recorded COMPLETED ("skipped by the task"); Airflow sees what the work raised
+            if exc.original is not None:
+                raise exc.original from None
+            raise AirflowSkipException(str(exc)) from exc
         except FencedError as exc:
             reason = self.fence_reason
             detail = f"{exc}" if reason is None or reason in str(exc) else f"{exc} ({reason})"
@@ -276,6 +282,14 @@ class _FencedExecution:
         try:
             with _environ(current.env()):
                 return self.work()
+        except AirflowSkipException as exc:
+            # The work skipped itself (skip_on_exit_code, soft_fail, AirflowSkipException):
+            # a terminal outcome of the run key, not a failure another region would retry.
+            raise WorkSkipped(str(exc) or type(exc).__name__, original=exc) from exc
+        except DownstreamTasksSkipped as exc:
+            # A short-circuit: the task succeeded and skipped its downstream tasks.
+            raise WorkSkipped(f"the task skipped its downstream tasks {exc.tasks}",
+                              original=exc) from exc
         except TaskDeferred as exc:
             raise AirflowFailException(
                 f"{task.task_id} tried to defer while running under a claim; a fenced task must "
