@@ -78,6 +78,7 @@ from neli_orchestrate.ledger import (
     RunState,
     expire,
 )
+from neli_orchestrate.liveness import DeploymentLiveness, LivenessReader
 from neli_orchestrate.metrics import Metric, MetricEvent, MetricsHook, emit
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,14 @@ class SingletonConfig:
     ledger_replay_cache_dir: str | None = None
     #: Poll interval of the watchdog and of leadership acquisition, seconds.
     poll_interval: float = 0.05
+    #: Read other deployments' liveness (:mod:`neli_orchestrate.liveness`) when deciding: the
+    #: ``CLAIMED``/``FAILED`` record of a deployment Kafka shows gone is taken over at once.
+    #: False: the handoff window alone (as before).
+    deployment_liveness: bool = True
+    #: Seconds of silence after which this deployment counts as gone, when it announces its
+    #: liveness (the Airflow scheduler listener, the Dagster sidecar); the liveness group's
+    #: session timeout. Longer than a routine restart of the announcing component.
+    liveness_timeout: float = 10.0
     policy: DecisionPolicy = field(init=False, repr=False)
     names: Namespace = field(init=False, repr=False)
 
@@ -153,7 +162,7 @@ class SingletonConfig:
                     f"namespace: leave NeliConfig.{name} unset and pass "
                     f"SingletonConfig(namespace=...) instead")
         object.__setattr__(self, "names", derive(self.namespace, ledger_topic=self.ledger_topic))
-        for name in ("acquire_timeout", "poll_interval"):
+        for name in ("acquire_timeout", "poll_interval", "liveness_timeout"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -443,6 +452,7 @@ class Singleton:
         wall_clock: Callable[[], float] = time.time,
         membership: Callable[[str], int] | None = None,
         metrics: MetricsHook | None = None,
+        liveness: Callable[[str], DeploymentLiveness] | None = None,
     ) -> None:
         self.config = config
         self._metrics = metrics
@@ -458,6 +468,10 @@ class Singleton:
             self._describe_members if neli_factory is None else (lambda group: 0))
         self._admin: Any = None
         self._login = LoginRefusal()
+        # Another deployment's liveness (by deployment): Kafka's answer, unless injected
+        # (tests, simulations); None: no information (the handoff window alone).
+        self._liveness: Callable[[str], DeploymentLiveness] | None = liveness or (
+            self._read_liveness if neli_factory is None else None)
 
     # -- public API --------------------------------------------------------------------------
 
@@ -482,7 +496,28 @@ class Singleton:
         """
         return self._membership(self.config.role_neli(role).resolved.group_id)
 
-    def _describe_members(self, group: str) -> int:
+    def _liveness_of(self, latest: LedgerRecord | None, me: Claimant) -> DeploymentLiveness | None:
+        """Kafka's reading of the deployment whose unfinished record another one would respect;
+        None when the rule does not need it or cannot get it (then the handoff window holds)."""
+        if (self._liveness is None or not self.config.deployment_liveness or latest is None
+                or latest.deployment == me.deployment
+                or latest.state not in (RunState.CLAIMED, RunState.FAILED)):
+            return None
+        try:
+            seen = self._liveness(latest.deployment)
+        except Exception as exc:  # noqa: BLE001 - no information: today's rule, never a guess
+            log.warning("cannot read the liveness of deployment %r (%s): respecting its %s"
+                        " record for the handoff window", latest.deployment, exc, latest.state)
+            return None
+        log.info("liveness: %s", seen.describe())
+        return seen
+
+    def _read_liveness(self, deployment: str) -> DeploymentLiveness:
+        reader = LivenessReader(self._admin_client(), self.config.names.name,
+                                request_timeout=self.config.neli.resolved.request_timeout)
+        return reader.read(deployment)
+
+    def _admin_client(self) -> Any:
         from confluent_kafka.admin import AdminClient
 
         neli = self.config.neli.resolved
@@ -495,7 +530,11 @@ class Singleton:
                                            "bootstrap.servers": neli.bootstrap_servers,
                                            "error_cb": self._login,
                                            "logger": logging.getLogger(__name__ + ".librdkafka")})
-            admin = self._admin
+            return self._admin
+
+    def _describe_members(self, group: str) -> int:
+        neli = self.config.neli.resolved
+        admin = self._admin_client()
         timeout = neli.request_timeout
         try:
             futures = admin.describe_consumer_groups([group], request_timeout=timeout)
@@ -703,7 +742,8 @@ class Singleton:
         :class:`FencedError` (``max_attempts`` reached: terminally failed).
         """
         latest = replay.latest(run_key)
-        decision = decide(latest, me, now=now, policy=self.config.policy)
+        decision = decide(latest, me, now=now, policy=self.config.policy,
+                          liveness=self._liveness_of(latest, me))
         self._log_decision(role, run_key, decision)
         if not decision.claims:
             self._count(role, run_key, decision.outcome)
@@ -806,7 +846,9 @@ class Singleton:
             me = Claimant(self.config.deployment, lead.member)
             replay = writer.replay()
             now = self._wall()
-            decision = decide(replay.latest(run_key), me, now=now, policy=self.config.policy)
+            latest = replay.latest(run_key)
+            decision = decide(latest, me, now=now, policy=self.config.policy,
+                              liveness=self._liveness_of(latest, me))
             self._log_decision(role, run_key, decision)
             if not decision.claims:
                 self._count(role, run_key, decision.outcome)
