@@ -31,6 +31,7 @@ from airflow.sdk import BaseOperatorLink
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from neli_orchestrate.airflow import liveness as _liveness_listener
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError, NeliError
 
 if TYPE_CHECKING:
@@ -415,3 +416,5 @@ class NeliPlugin(AirflowPlugin):
         "category": "browse",
     }]
     global_operator_extra_links = [NeliRunLink()]
+    # The scheduler announces the deployment's liveness in Kafka (neli_orchestrate.liveness).
+    listeners = [_liveness_listener]
