@@ -16,6 +16,12 @@ import click
 
 from neli_orchestrate.cli._context import Target, connection_options, role_of_group
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, table, when
+from neli_orchestrate.cli.liveness import (
+    collect_liveness,
+    is_liveness_group,
+    liveness_json,
+    print_liveness,
+)
 from neli_orchestrate.core.config import PROFILES, NeliConfig
 from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.roles import partition_for
@@ -102,6 +108,8 @@ def _role_groups(admin: Any, target: Target) -> dict[str, str]:
         timeout=target.timeout + 5)
     roles = {}
     for listing in result.valid:
+        if is_liveness_group(target, listing.group_id):
+            continue  # a deployment's liveness group, not a role's
         role = role_of_group(names, listing.group_id)
         if role is not None:
             roles[role] = listing.group_id
@@ -328,9 +336,14 @@ def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) 
     except KafkaUnavailableError as exc:
         raise fail(str(exc)) from None
     if as_json:
+        try:
+            deployments: Any = liveness_json(collect_liveness(target))
+        except KafkaUnavailableError as exc:
+            deployments = {"error": str(exc)}
         emit({"namespace": target.namespace, "leader_topic": target.names.leader_topic,
-              "roles": [asdict(s) for s in found]})
+              "roles": [asdict(s) for s in found], "deployments": deployments})
         return 0
+    print_liveness(target)
     if not found:
         click.echo(f"no role groups in namespace {target.namespace!r} at "
                    f"{target.bootstrap_servers}")

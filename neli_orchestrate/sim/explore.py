@@ -76,7 +76,9 @@ class Scope:
     #: At most this many faults (crash, pause, liveness loss) per interleaving.
     faults: int = 2
     #: Longest interleaving explored (steps, environment steps included).
-    depth: int = 22
+    depth: int = 12
+    #: Which faults may happen (a subset of ``FAULTS``).
+    fault_kinds: tuple[str, ...] = FAULTS
     #: Clock ticks available; the handoff window is ``handoff`` ticks.
     ticks: int = 3
     handoff: int = 2
@@ -85,6 +87,9 @@ class Scope:
     max_states: int | None = None
 
     def __post_init__(self) -> None:
+        unknown = set(self.fault_kinds) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; choose from {FAULTS}")
         if self.mutation is not None and self.mutation not in EXPLORE_MUTATIONS:
             raise ValueError(f"unknown mutation {self.mutation!r}; choose from"
                              f" {', '.join(EXPLORE_MUTATIONS)}")
@@ -229,6 +234,14 @@ class _Model:
         if task.epoch != s.epoch:
             raise _Violation(f"S2: a write of epoch {task.epoch} after epoch {s.epoch} began")
         return replace(s, ledger=(*s.ledger, record))
+
+    def canonical(self, s: State) -> State:
+        """Forget what only the fault-free checks need once a path is no longer fault-free, so
+        states that differ only there are explored once."""
+        if self.fault_free(s) or (s.raised and not any(s.starts) and not any(s.claimers)):
+            return s
+        zeros = (0,) * len(self.keys)
+        return replace(s, raised=True, starts=zeros, claimers=zeros)
 
     def fault_free(self, s: State) -> bool:
         """No fault, no work raised, and no handoff window ran out (an executor slower than
@@ -433,18 +446,19 @@ class _Model:
         if s.faults >= self.scope.faults:
             return
         f = s.faults + 1
+        kinds = self.scope.fault_kinds
         for d, name in enumerate(self.deployments):
-            if not s.paused[d]:
+            if "pause" in kinds and not s.paused[d]:
                 lease = s.lease
                 if lease is not None and lease >= 0 and self.pairs[lease][0] == d:
                     lease = -1 - lease
                 yield f"FAULT {name}: paused", replace(s, paused=_set(s.paused, d, True),
                                                        lease=lease, faults=f)
-            if not s.liveness_lost[d]:
+            if "liveness_loss" in kinds and not s.liveness_lost[d]:
                 yield f"FAULT {name}: liveness heartbeats lost/delayed", replace(
                     s, liveness_lost=_set(s.liveness_lost, d, True), faults=f)
         for i, task in enumerate(s.tasks):
-            if task.phase != "done" and task.pc != "idle":
+            if "crash" in kinds and task.phase != "done" and task.pc != "idle":
                 lease = -1 - i if s.lease == i else s.lease
                 crashed = self.with_task(s, i, replace(task, pc="idle", epoch=None),
                                          lease=lease, faults=f)
@@ -477,6 +491,7 @@ def explore(scope: Scope | None = None) -> Exploration:
                 if label.startswith("FAULT"):
                     fault = next(f for f in ("crash", "pause", "lost") if f in label)
                     result.fired[fault] = result.fired.get(fault, 0) + 1
+                nxt = model.canonical(nxt)
                 if nxt not in parent:
                     parent[nxt] = (state, label)
                     frontier.append((nxt, depth + 1))
