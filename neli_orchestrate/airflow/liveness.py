@@ -124,4 +124,5 @@ def _announcer_config(conn_id: str, *, component: str) -> Any:
     return AnnouncerConfig(bootstrap_servers=config.neli.bootstrap_servers,
                            namespace=config.names.name, deployment=config.deployment,
                            timeout=config.liveness_timeout, component=component,
+                           poll_interval=min(0.5, config.liveness_timeout / 5),
                            kafka_config=_client_settings(config.neli.kafka_config))
