@@ -86,3 +86,29 @@ def test_a_restart_within_the_timeout_is_never_seen_as_a_death(
             time.sleep(0.2)
     finally:
         second.close()
+
+
+def test_the_sidecar_command_announces_until_sigterm_and_refuses_bad_input(
+    kafka_broker, kafka_admin, namespace
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    bad = subprocess.run([sys.executable, "-m", "neli_orchestrate.liveness",
+                          "--bootstrap-servers", kafka_broker, "--deployment", "x"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--namespace" in bad.stderr
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "neli_orchestrate.liveness", "--bootstrap-servers", kafka_broker,
+         "--namespace", namespace, "--deployment", "dagster-eu", "--timeout", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reader = LivenessReader(kafka_admin, namespace)
+    try:
+        wait_for(lambda: reader.read("dagster-eu").state is Liveness.ALIVE, 60, "sidecar alive")
+    finally:
+        sidecar.terminate()
+        assert sidecar.wait(30) == 0
+    wait_for(lambda: reader.read("dagster-eu").gone, 30, "gone after the sidecar stopped")
