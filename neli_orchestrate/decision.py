@@ -15,7 +15,7 @@ The table (docs/design.md, layer 3), for the latest record of the run key:
 latest record                                outcome       writes
 ===========================================  ============  ================================
 none, or RESET (an operator's audited reset)  RUN           claim, attempt 1
-COMPLETED                                    SKIP_DONE     nothing
+COMPLETED (also "skipped by the task")       SKIP_DONE     nothing
 CLAIMED by another deployment, before its    WAIT          nothing (release leadership,
 handoff deadline (+ max clock error)                       decide again later)
 CLAIMED by another deployment, past it       TAKE_OVER     claim, same attempt number
@@ -27,7 +27,15 @@ retry window (SAME_DEPLOYMENT_FIRST)
 FAILED by another deployment, past it        TAKE_OVER     claim, attempt + 1
 FAILED with attempt >= max_attempts          GIVE_UP       nothing (terminal failure)
 RUNNING with attempt >= max_attempts         GIVE_UP       a terminal FAILED record
+CLAIMED or FAILED by another deployment      TAKE_OVER     claim (as past the deadline), at
+that Kafka shows GONE (``liveness``)                       once: nobody of it is left to act
 ===========================================  ============  ================================
+
+Deployment liveness (:mod:`neli_orchestrate.liveness`): ``liveness`` is what Kafka says about
+the deployment of the latest record. ``GONE`` (its liveness group has had no member for longer
+than its liveness timeout) ends the respect for its claim or its retry window at once;
+``ALIVE`` or ``UNKNOWN`` (no information: an older version, the feature off) keep the rule
+above. ``SAME_DEPLOYMENT_ONLY`` still waits: whoever chose it wants that deployment back.
 
 A claim always carries a new token (:attr:`neli_orchestrate.ledger.Replay.next_token`), larger
 than every token before it, so whatever the superseded claimant still does is refused by the
@@ -46,6 +54,7 @@ from enum import StrEnum
 
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger import LedgerRecord, Replay, RunState
+from neli_orchestrate.liveness import DeploymentLiveness
 
 __all__ = [
     "ClaimCheck",
@@ -60,7 +69,24 @@ __all__ = [
     "decide",
     "is_terminal",
     "reset_record",
+    "skipped_by_work",
+    "skipped_reason",
 ]
+
+#: Reason prefix of a COMPLETED record whose work skipped itself (terminal, like any completion).
+SKIPPED_BY_TASK = "skipped by the task"
+
+
+def skipped_reason(detail: str) -> str:
+    """The reason of the ``COMPLETED`` record written when the work skipped itself."""
+    detail = detail.strip()
+    return (f"{SKIPPED_BY_TASK}: {detail}" if detail else SKIPPED_BY_TASK)[:2000]
+
+
+def skipped_by_work(record: LedgerRecord | None) -> bool:
+    """True for a ``COMPLETED`` record whose work skipped itself (shown as such by CLI and UI)."""
+    return (record is not None and record.state is RunState.COMPLETED
+            and record.reason.startswith(SKIPPED_BY_TASK))
 
 
 class Outcome(StrEnum):
@@ -175,12 +201,14 @@ def _attempts_left(attempt: int, policy: DecisionPolicy) -> bool:
 
 
 def decide(
-    latest: LedgerRecord | None, me: Claimant, *, now: float, policy: DecisionPolicy
+    latest: LedgerRecord | None, me: Claimant, *, now: float, policy: DecisionPolicy,
+    liveness: DeploymentLiveness | None = None,
 ) -> Decision:
     """Apply the decision table to the latest record of a run key (see the module docstring).
 
     ``now`` is this host's wall clock (epoch seconds). Call only while leading the role, after
-    ``begin()`` and a replay.
+    ``begin()`` and a replay. ``liveness``: Kafka's reading of ``latest.deployment`` (None, or
+    another deployment's: no information).
     """
     if latest is None:
         return Decision(Outcome.RUN, "no record of this run key", None, attempt=1)
@@ -198,9 +226,10 @@ def decide(
     ours = latest.deployment == me.deployment
 
     if state is RunState.COMPLETED:
+        how = "skipped by its task" if skipped_by_work(latest) else "completed"
         return Decision(
             Outcome.SKIP_DONE,
-            f"completed by {who} with token {latest.token}",
+            f"{how} by {who} with token {latest.token}",
             latest,
             attempt=latest.attempt,
         )
@@ -214,6 +243,13 @@ def decide(
                 attempt=latest.attempt,
             )
         deadline = _deadline(latest, policy)
+        if _gone(latest, liveness):
+            return Decision(
+                Outcome.TAKE_OVER,
+                f"claim of {who} (token {latest.token}) is orphaned: {_said(liveness)}",
+                latest,
+                attempt=latest.attempt,
+            )
         if now <= deadline:
             return Decision(
                 Outcome.WAIT,
@@ -276,6 +312,13 @@ def decide(
             latest,
             attempt=latest.attempt,
         )
+    if _gone(latest, liveness):
+        return Decision(
+            Outcome.TAKE_OVER,
+            f"{who} failed attempt {latest.attempt} and cannot retry it: {_said(liveness)}",
+            latest,
+            attempt=latest.attempt + 1,
+        )
     deadline = _deadline(latest, policy)
     if now <= deadline:
         return Decision(
@@ -291,6 +334,15 @@ def decide(
         latest,
         attempt=latest.attempt + 1,
     )
+
+
+def _gone(record: LedgerRecord, liveness: DeploymentLiveness | None) -> bool:
+    return (liveness is not None and liveness.deployment == record.deployment
+            and liveness.gone)
+
+
+def _said(liveness: DeploymentLiveness | None) -> str:
+    return "Kafka shows no deployment" if liveness is None else liveness.describe()
 
 
 def _deadline(record: LedgerRecord, policy: DecisionPolicy) -> float:

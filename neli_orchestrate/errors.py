@@ -47,6 +47,21 @@ class SkippedRun(NeliError):
     """The run needs no work here: it was completed (or is owned) by another deployment."""
 
 
+class WorkSkipped(NeliError):
+    """Raise from the work to skip it: the run key ends ``COMPLETED``, "skipped by the task".
+
+    The work itself decided there is nothing to do (Airflow's ``AirflowSkipException``, a
+    ``BashOperator`` exit code in ``skip_on_exit_code``, a sensor's ``soft_fail``; in Dagster or
+    plain Python, raise this inside ``singleton.claim(...)``). A skip is terminal: no region
+    runs the run key again (``FAILED`` would be retried or taken over, and skip again, for
+    ever). ``original`` is the exception the orchestrator expects to see again, if any.
+    """
+
+    def __init__(self, message: str, *, original: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.original = original
+
+
 class AcquireTimeoutError(NeliError):
     """Leadership of a role could not be acquired in time: another member holds it."""
 

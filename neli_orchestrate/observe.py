@@ -166,6 +166,8 @@ def _role_groups(admin: Any, target: ClusterSettings) -> dict[str, str]:
         timeout=target.connect_timeout + 5)
     roles = {}
     for listing in result.valid:
+        if names.is_liveness_group(listing.group_id):
+            continue  # a deployment's liveness group, not a role's
         role = role_of_group(names, listing.group_id)
         if role is not None:
             roles[role] = listing.group_id

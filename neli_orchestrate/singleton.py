@@ -54,12 +54,14 @@ from neli_orchestrate.decision import (
     claim_record,
     decide,
     reset_record,
+    skipped_reason,
 )
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
     ConfigError,
     FencedError,
     SkippedRun,
+    WorkSkipped,
 )
 from neli_orchestrate.ledger import (
     KafkaLedger,
@@ -71,6 +73,7 @@ from neli_orchestrate.ledger import (
     RunState,
     expire,
 )
+from neli_orchestrate.liveness import DeploymentLiveness, LivenessReader
 from neli_orchestrate.metrics import Metric, MetricEvent, MetricsHook, emit
 
 log = logging.getLogger(__name__)
@@ -133,6 +136,14 @@ class SingletonConfig:
     ledger_replay_cache_dir: str | None = None
     #: Poll interval of the watchdog and of leadership acquisition, seconds.
     poll_interval: float = 0.05
+    #: Read other deployments' liveness (:mod:`neli_orchestrate.liveness`) when deciding: the
+    #: ``CLAIMED``/``FAILED`` record of a deployment Kafka shows gone is taken over at once.
+    #: False: the handoff window alone (as before).
+    deployment_liveness: bool = True
+    #: Seconds of silence after which this deployment counts as gone, when it announces its
+    #: liveness (the Airflow scheduler listener, the Dagster sidecar); the liveness group's
+    #: session timeout. Longer than a routine restart of the announcing component.
+    liveness_timeout: float = 10.0
     policy: DecisionPolicy = field(init=False, repr=False)
     names: Namespace = field(init=False, repr=False)
 
@@ -146,7 +157,7 @@ class SingletonConfig:
                     f"namespace: leave NeliConfig.{name} unset and pass "
                     f"SingletonConfig(namespace=...) instead")
         object.__setattr__(self, "names", derive(self.namespace, ledger_topic=self.ledger_topic))
-        for name in ("acquire_timeout", "poll_interval"):
+        for name in ("acquire_timeout", "poll_interval", "liveness_timeout"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -431,6 +442,7 @@ class Singleton:
         wall_clock: Callable[[], float] = time.time,
         membership: Callable[[str], int] | None = None,
         metrics: MetricsHook | None = None,
+        liveness: Callable[[str], DeploymentLiveness] | None = None,
     ) -> None:
         self.config = config
         self._metrics = metrics
@@ -445,6 +457,11 @@ class Singleton:
         self._membership: Callable[[str], int] = membership or (
             self._describe_members if neli_factory is None else (lambda group: 0))
         self._admin: Any = None
+        self._liveness_admin: Any = None
+        # Another deployment's liveness (by deployment): Kafka's answer, unless injected
+        # (tests, simulations); None: no information (the handoff window alone).
+        self._liveness: Callable[[str], DeploymentLiveness] | None = liveness or (
+            self._read_liveness if neli_factory is None else None)
 
     # -- public API --------------------------------------------------------------------------
 
@@ -475,13 +492,45 @@ class Singleton:
             if self._admin is None:
                 # through the Kafka seam, with the short first reconnect of every member
                 # client (core.kafka): this client's first request is the gate's busy check
-                self._admin = ConfluentKafka().admin({
-                    "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
-                    **ledger_client_settings(neli.kafka_config),
-                    "bootstrap.servers": neli.bootstrap_servers,
-                    "logger": logging.getLogger(__name__ + ".librdkafka")})
+                self._admin = ConfluentKafka().admin(self._admin_settings())
             admin = self._admin
         return int(admin.group_members(group, neli.request_timeout))
+
+    def _admin_settings(self) -> dict[str, Any]:
+        neli = self.config.neli.resolved
+        return {"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                **ledger_client_settings(neli.kafka_config),
+                "bootstrap.servers": neli.bootstrap_servers,
+                "logger": logging.getLogger(__name__ + ".librdkafka")}
+
+    def _liveness_of(self, latest: LedgerRecord | None, me: Claimant) -> DeploymentLiveness | None:
+        """Kafka's reading of the deployment whose unfinished record another one would respect;
+        None when the rule does not need it or cannot get it (then the handoff window holds)."""
+        if (self._liveness is None or not self.config.deployment_liveness or latest is None
+                or latest.deployment == me.deployment
+                or latest.state not in (RunState.CLAIMED, RunState.FAILED)):
+            return None
+        try:
+            seen = self._liveness(latest.deployment)
+        except Exception as exc:  # noqa: BLE001 - no information: today's rule, never a guess
+            log.warning("cannot read the liveness of deployment %r (%s): respecting its %s"
+                        " record for the handoff window", latest.deployment, exc, latest.state)
+            return None
+        log.info("liveness: %s", seen.describe())
+        return seen
+
+    def _read_liveness(self, deployment: str) -> DeploymentLiveness:
+        from confluent_kafka.admin import AdminClient
+
+        with self._ledger_lock:
+            if self._liveness_admin is None:
+                # the liveness reader lists, describes and reads offsets of liveness groups:
+                # more than the member seam's admin offers (read-only, no join)
+                self._liveness_admin = AdminClient(self._admin_settings())
+            admin = self._liveness_admin
+        reader = LivenessReader(admin, self.config.names.name,
+                                request_timeout=self.config.neli.resolved.request_timeout)
+        return reader.read(deployment)
 
     def expire(self, role: str, retention: float) -> list[str]:
         """Tombstone ``role``'s finished run keys last written over ``retention`` seconds ago.
@@ -546,8 +595,8 @@ class Singleton:
                 lead.close()  # release at once: a WAIT must not hold the claimant's executor
                 yield run
                 return
-            with self._hold(lead, writer, run, record):
-                yield run
+            with contextlib.suppress(WorkSkipped), self._hold(lead, writer, run, record):
+                yield run  # a WorkSkipped ends the block: recorded COMPLETED (skipped)
         finally:
             if writer is not None:
                 writer.close()
@@ -672,7 +721,8 @@ class Singleton:
         :class:`FencedError` (``max_attempts`` reached: terminally failed).
         """
         latest = replay.latest(run_key)
-        decision = decide(latest, me, now=now, policy=self.config.policy)
+        decision = decide(latest, me, now=now, policy=self.config.policy,
+                          liveness=self._liveness_of(latest, me))
         self._log_decision(role, run_key, decision)
         if not decision.claims:
             self._count(role, run_key, decision.outcome)
@@ -775,7 +825,9 @@ class Singleton:
             me = Claimant(self.config.deployment, lead.member)
             replay = writer.replay()
             now = self._wall()
-            decision = decide(replay.latest(run_key), me, now=now, policy=self.config.policy)
+            latest = replay.latest(run_key)
+            decision = decide(latest, me, now=now, policy=self.config.policy,
+                              liveness=self._liveness_of(latest, me))
             self._log_decision(role, run_key, decision)
             if not decision.claims:
                 self._count(role, run_key, decision.outcome)
@@ -842,6 +894,13 @@ class Singleton:
             run.check()
             try:
                 yield run
+            except WorkSkipped as exc:
+                # The work skipped itself: terminal (COMPLETED, "skipped by the task"), never
+                # FAILED, which another region would take over and skip again, for ever.
+                run.check()
+                self._write_end(writer, run, record.advance(
+                    RunState.COMPLETED, at=self._wall(), reason=skipped_reason(str(exc))))
+                raise
             except BaseException as exc:
                 if isinstance(exc, FencedError):
                     raise

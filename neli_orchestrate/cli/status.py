@@ -7,11 +7,13 @@ which the Airflow UI page reads as well.
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 import click
 
 from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, table, when
+from neli_orchestrate.cli.liveness import collect_liveness, liveness_json, print_liveness
 from neli_orchestrate.errors import KafkaUnavailableError
 from neli_orchestrate.observe import LeaderSpell, MemberStatus, RoleStatus, collect_status
 
@@ -37,9 +39,14 @@ def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) 
     except KafkaUnavailableError as exc:
         raise fail(str(exc)) from None
     if as_json:
+        try:
+            deployments: Any = liveness_json(collect_liveness(target))
+        except KafkaUnavailableError as exc:
+            deployments = {"error": str(exc)}
         emit({"namespace": target.namespace, "leader_topic": target.names.leader_topic,
-              "roles": [asdict(s) for s in found]})
+              "roles": [asdict(s) for s in found], "deployments": deployments})
         return 0
+    print_liveness(target)
     if not found:
         click.echo(f"no role groups in namespace {target.namespace!r} at "
                    f"{target.bootstrap_servers}")

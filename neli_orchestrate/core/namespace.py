@@ -19,8 +19,10 @@ The derivation is injective: no two ``(namespace, role)`` pairs share a group id
 transactional id. A namespace therefore may not contain ``.``, the separator between namespace
 and role (``acme`` + ``billing.daily`` and ``acme.billing`` + ``daily`` would otherwise share the
 group ``acme.billing.daily``), nor ``:``, the separator of transactional ids. Roles may contain
-anything: everything after the namespace's first ``.`` is the role. See docs/upgrading.md for
-namespaces that contained a dot before.
+anything but the reserved prefix ``deployment.``: everything after the namespace's first ``.`` is
+the role, and ``<namespace>.deployment.<name>`` is deployment ``name``'s liveness group
+(:mod:`neli_orchestrate.liveness`). See docs/upgrading.md for namespaces that contained a dot
+before.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ _MAX_LENGTH = _MAX_TOPIC - len(".ledger")
 # Group and transactional ids have no limit of their own; the protocol sends them as STRING,
 # an int16 length in bytes of UTF-8.
 _MAX_ID_BYTES = 32767
+
+# Roles may not start with it: "<namespace>.deployment.<name>" is a deployment's liveness group.
+_LIVENESS_PREFIX = "deployment."
 
 _HOW = ("set it in SingletonConfig(namespace=...), NeliResource(namespace=...) or the Airflow "
         "connection's 'namespace' extra ([neli] namespace); use the same value in every "
@@ -63,11 +68,22 @@ class Namespace:
         """The consumer group whose members contend to lead ``role``."""
         if not isinstance(role, str) or not role:
             raise ConfigError(f"role must be a non-empty string, got {role!r}")
+        if role.startswith(_LIVENESS_PREFIX):
+            raise ConfigError(f"role {role!r} starts with {_LIVENESS_PREFIX!r}, which is reserved"
+                              " for deployments' liveness groups: rename the role")
         # The role's transactional id (prefix + role) is the longer of its two ids.
         if len(f"{self.transactional_id_prefix}{role}".encode()) > _MAX_ID_BYTES:
             raise ConfigError(f"role {role[:40]!r}... is too long: its Kafka group and "
                               f"transactional ids must fit in {_MAX_ID_BYTES} bytes")
         return f"{self.name}.{role}"
+
+    def liveness_group(self, deployment: str) -> str:
+        """The consumer group whose members say that ``deployment`` is alive."""
+        return f"{self.name}.{_LIVENESS_PREFIX}{deployment}"
+
+    def is_liveness_group(self, group_id: str) -> bool:
+        """True for a deployment's liveness group of this namespace (never a role's group)."""
+        return group_id.startswith(self.liveness_group(""))
 
 
 def derive(namespace: object, *, ledger_topic: str | None = None) -> Namespace:

@@ -27,6 +27,8 @@ MUTATIONS: dict[str, str] = {
     " key's newest ledger record cannot be read, instead of refusing (Replay.latest)",
     "stale_replay_cache": "a host's replay checkpoint is trusted as the whole ledger: the"
     " records written since it was taken are not read",
+    "liveness_takeover_no_token": "a take-over on a GONE liveness verdict (right or wrong: the"
+    " deployment may be alive) reuses the superseded claim's token instead of a new one",
 }
 
 
@@ -55,6 +57,12 @@ class SimConfig:
     acquire_timeout: int = 4000
 
     handoff_timeout: int = 8000
+    #: Deployment liveness (neli_orchestrate.liveness): a deployment whose announcer's
+    #: heartbeats have not reached the broker for ``liveness_timeout`` is GONE.
+    liveness_timeout: int = 1000
+    liveness_interval: int = 200
+    #: Fraction of deployments that announce liveness (the others: an older version, UNKNOWN).
+    liveness_fraction: float = 0.85
     wait_poll: int = 1000
     retry_delay: tuple[int, int] = (200, 800)
     #: Delay before an operator clears (re-runs) a failed DAG run, when one does.
@@ -104,6 +112,11 @@ class SimConfig:
             raise ConfigError(
                 "heartbeat_timeout must exceed session_interval (the pulse) + 2*max_delay,"
                 " or leaders flap"
+            )
+        if not self.liveness_interval + 2 * self.max_delay < self.liveness_timeout:
+            raise ConfigError(
+                "liveness_timeout must exceed liveness_interval + 2*max_delay, or live"
+                " deployments are declared gone without any fault"
             )
         if not 0 <= self.fault_free_fraction <= 1:
             raise ConfigError("fault_free_fraction must be within [0, 1]")

@@ -31,6 +31,7 @@ from neli_orchestrate.decision import (
 )
 from neli_orchestrate.errors import FencedError, KafkaUnavailableError, UnreadableRecordError
 from neli_orchestrate.ledger import LedgerError, LedgerRecord, Replay, RunState
+from neli_orchestrate.liveness import DeploymentLiveness, Liveness
 from neli_orchestrate.sim.broker import COMMITTED, DATA, UNKNOWN, Broker
 from neli_orchestrate.sim.config import SimConfig
 from neli_orchestrate.sim.kernel import (
@@ -375,6 +376,10 @@ class Stats:
         self.faults += 1
         self.fired[what] = self.fired.get(what, 0) + 1
 
+    def note(self, what: str) -> None:
+        """Count an event that is not a fault (shown with the faults, by kind)."""
+        self.fired[what] = self.fired.get(what, 0) + 1
+
 
 class Simulation:
     """One seeded schedule: build, run, check. Raises :class:`Violation` on the first failure."""
@@ -472,9 +477,16 @@ class Simulation:
         self.newer_values: set[bytes] = set()
         #: DAG runs failed by an unreadable newest record (a permanent error).
         self.unreadable_runs: set[tuple[str, str, str]] = set()
+        #: Deployment liveness: when each announcing deployment's heartbeat last reached the
+        #: broker (the coordinator's view), and windows in which its heartbeats are withheld
+        #: (lost or delayed) while the deployment itself runs on: a false GONE verdict.
+        self.liveness_seen: dict[str, int] = {}
+        self.liveness_muted: dict[str, list[tuple[int, int]]] = {}
+        self.announcing: set[str] = set()
         self.broker.on_commit = self._on_commit
         kernel.on_step = self._on_step
         self._plan_faults()
+        self._plan_liveness()
 
     # -- clocks and helpers ---------------------------------------------------------------
 
@@ -551,6 +563,82 @@ class Simulation:
             kernel.at(at, self._newer_completes, role, run_key)
             self.log("plan", "newer deployment", f"completes {role}/{run_key} at {at} ms"
                      " (schema v2)")
+
+    def _plan_liveness(self) -> None:
+        """Who announces liveness, and liveness losses: heartbeats withheld for a while from
+        a deployment that keeps running (its own random stream: the other faults of every
+        seed stay as they were)."""
+        rng = random.Random(f"liveness-{self.seed}")
+        cfg = self.config
+        for dep in self.deployments:
+            if rng.random() < cfg.liveness_fraction:
+                self.announcing.add(dep.name)
+            windows = []
+            if not self.fault_free and rng.random() < 0.35:
+                t = 0
+                for _ in range(rng.choice((1, 1, 2))):
+                    t += rng.randint(0, cfg.fault_horizon // 2)
+                    length = rng.randint(cfg.liveness_interval, 4 * cfg.liveness_timeout)
+                    windows.append((t, t + length))
+                    t += length
+            self.liveness_muted[dep.name] = windows
+        self.log("plan", "liveness", "; ".join(
+            f"{d.name} {'announces' if d.name in self.announcing else 'silent (older)'}"
+            + "".join(f" lost {a}-{b} ms" for a, b in self.liveness_muted[d.name])
+            for d in self.deployments))
+
+    def _announce(self, proc: Proc, dep: Deployment) -> Gen:
+        """The scheduler's liveness announcer (the Airflow listener's child, the Dagster
+        daemon's sidecar): a heartbeat every interval while the scheduler runs and reaches
+        Kafka; withheld during a liveness loss."""
+        cfg = self.config
+        while True:
+            now = self.kernel.now
+            if any(a <= now < b for a, b in self.liveness_muted[dep.name]):
+                self.stats.note("liveness heartbeat withheld")
+            else:
+                self.kernel.send(proc, self._liveness_beat, (dep.name,), _ignore)
+            yield (SLEEP, cfg.liveness_interval)
+
+    def _liveness_beat(self, deployment: str) -> None:
+        """At the broker: the coordinator renews the liveness member's session."""
+        self.liveness_seen[deployment] = self.kernel.now
+
+    def _read_liveness(self, deployment: str) -> DeploymentLiveness:
+        """At the broker: ``LivenessReader.read`` (describe the liveness group)."""
+        seen = self.liveness_seen.get(deployment)
+        if seen is None:
+            return DeploymentLiveness(deployment, Liveness.UNKNOWN)
+        if self.kernel.now - seen > self.config.liveness_timeout:
+            self.stats.note("liveness GONE verdict")
+            dep = next((d for d in self.deployments if d.name == deployment), None)
+            if dep is not None and not dep.down:
+                self.stats.note("liveness GONE verdict, deployment up (false)")
+            return DeploymentLiveness(deployment, Liveness.GONE,
+                                      timeout=self.config.liveness_timeout / 1000)
+        return DeploymentLiveness(deployment, Liveness.ALIVE, members=1)
+
+    def _liveness_for(self, proc: Proc, latest: LedgerRecord | None, me: Claimant) -> Gen:
+        """As ``Singleton._liveness_of``: read only for another deployment's CLAIMED/FAILED
+        record; no answer (cut off) means no information."""
+        if (latest is None or latest.deployment == me.deployment
+                or latest.state not in (RunState.CLAIMED, RunState.FAILED)):
+            return None
+        try:
+            verdict = yield (CALL, self._read_liveness, (latest.deployment,))
+        except KafkaUnavailableError:
+            return None
+        self.log(proc.name, "liveness", verdict.describe())
+        return verdict
+
+    def _decide(self, latest: LedgerRecord | None, me: Claimant, now: float,
+                verdict: DeploymentLiveness | None) -> Decision:
+        if verdict is None:
+            return self.decide(latest, me, now=now, policy=self.policy)
+        decision = self.decide(latest, me, now=now, policy=self.policy, liveness=verdict)
+        if verdict.gone and decision.outcome is Outcome.TAKE_OVER:
+            self.stats.note("liveness take-over")
+        return decision
 
     def _newer_completes(self, role: str, run_key: str) -> None:
         """A deployment running a newer neli-orchestrate leads ``role`` (nobody else does),
@@ -661,6 +749,8 @@ class Simulation:
     def _start_scheduler(self, dep: Deployment) -> None:
         proc = self.kernel.spawn(f"{dep.name}.scheduler", dep, "scheduler")
         self.procs.append(proc)
+        if dep.name in self.announcing:
+            self.kernel.start(proc, self._announce(proc, dep), "liveness")
         for role, run_key in self.run_keys:
             if not self.done.get((dep.name, role, run_key)):
                 box: list[Thread] = []
@@ -823,13 +913,15 @@ class Simulation:
                 replay = yield (CALL, writer.replay, ())
                 yield (STEP, "gate.replayed")
                 self._check_leader(member, role)
+                latest = self._latest(replay, run_key)
+                verdict = yield from self._liveness_for(proc, latest, me)
                 now = self.wall(proc)
-                decision = self.decide(self._latest(replay, run_key), me, now=now,
-                                       policy=self.policy)
+                decision = self._decide(latest, me, now, verdict)
                 self.log(proc.name, f"decide {decision.outcome}", f"{run_key}: {decision.reason}")
                 token = None
                 if decision.writes:
-                    record = self._claim(decision, replay, run_key, me, now, RunState.CLAIMED)
+                    record = self._claim(decision, replay, run_key, me, now, RunState.CLAIMED,
+                                         gone=verdict is not None and verdict.gone)
                     yield (STEP, "gate.decided")
                     self._check_leader(member, role)
                     yield (CALL, self._write, (writer, record, "claim"))
@@ -853,7 +945,7 @@ class Simulation:
         return result
 
     def _claim(self, decision: Decision, replay: Replay, run_key: str, me: Claimant,
-               now: float, state: RunState) -> LedgerRecord:
+               now: float, state: RunState, *, gone: bool = False) -> LedgerRecord:
         try:
             record = claim_record(
                 decision, replay, run_key=run_key, me=me, now=now, policy=self.policy, state=state
@@ -862,6 +954,9 @@ class Simulation:
             self.fail("S3", f"token rule refused a claim: {exc}")
             raise
         if self.config.mutation == "token_reuse" and decision.latest is not None:
+            record = dataclasses.replace(record, token=decision.latest.token)
+        if (self.config.mutation == "liveness_takeover_no_token" and gone
+                and decision.outcome is Outcome.TAKE_OVER and decision.latest is not None):
             record = dataclasses.replace(record, token=decision.latest.token)
         return record
 
@@ -899,8 +994,11 @@ class Simulation:
                 running: LedgerRecord | None = None
                 kind = "advance"
                 decision: Decision | None = None
+                verdict: DeploymentLiveness | None = None
                 if token is None:
-                    decision = self.decide(latest, me, now=now, policy=self.policy)
+                    verdict = yield from self._liveness_for(proc, latest, me)
+                    now = self.wall(proc)
+                    decision = self._decide(latest, me, now, verdict)
                 else:
                     check = self.check_claim(token, latest, me)
                     if cfg.mutation == "no_claim_check":
@@ -927,14 +1025,17 @@ class Simulation:
                     elif check.decide_again:
                         # As Singleton.execute: the run key moved on since the gate's token
                         # (a retry, a fence, a take-over); decide again, as a gate would.
-                        decision = self.decide(latest, me, now=now, policy=self.policy)
+                        verdict = yield from self._liveness_for(proc, latest, me)
+                        now = self.wall(proc)
+                        decision = self._decide(latest, me, now, verdict)
                     else:
                         result = ("refused", check.status)
                 if decision is not None:
                     self.log(proc.name, f"decide {decision.outcome}", f"{run_key}:"
                              f" {decision.reason}")
                     if decision.claims:
-                        running = self._claim(decision, replay, run_key, me, now, RunState.RUNNING)
+                        running = self._claim(decision, replay, run_key, me, now, RunState.RUNNING,
+                                              gone=verdict is not None and verdict.gone)
                         kind = "claim"
                     elif decision.outcome is Outcome.SKIP_DONE:
                         result = ("skipped",)
@@ -1303,8 +1404,8 @@ def _mutated_decide(mutation: str | None) -> DecideFn:
     if mutation == "ignore_completed":
 
         def ignore_completed(latest: LedgerRecord | None, me: Claimant, *, now: float,
-                             policy: DecisionPolicy) -> Decision:
-            decision = decide(latest, me, now=now, policy=policy)
+                             policy: DecisionPolicy, **kw: Any) -> Decision:
+            decision = decide(latest, me, now=now, policy=policy, **kw)
             if decision.outcome is Outcome.SKIP_DONE:
                 return Decision(Outcome.TAKE_OVER, "mutation: ignore COMPLETED", latest,
                                 attempt=decision.attempt + 1)
@@ -1314,8 +1415,8 @@ def _mutated_decide(mutation: str | None) -> DecideFn:
     if mutation == "run_on_wait":
 
         def run_on_wait(latest: LedgerRecord | None, me: Claimant, *, now: float,
-                        policy: DecisionPolicy) -> Decision:
-            decision = decide(latest, me, now=now, policy=policy)
+                        policy: DecisionPolicy, **kw: Any) -> Decision:
+            decision = decide(latest, me, now=now, policy=policy, **kw)
             if decision.outcome is Outcome.WAIT:
                 return Decision(Outcome.TAKE_OVER, "mutation: run on WAIT", latest,
                                 attempt=decision.attempt)

@@ -18,9 +18,12 @@ from neli_orchestrate.decision import (
     decide,
     is_terminal,
     reset_record,
+    skipped_by_work,
+    skipped_reason,
 )
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger import LedgerRecord, Replay, ReplayBuilder, RunState
+from neli_orchestrate.liveness import DeploymentLiveness, Liveness
 
 NOW = 1_736_000_000.0
 POLICY = DecisionPolicy(handoff_timeout=60.0)
@@ -58,6 +61,74 @@ def test_no_record_runs_with_attempt_one() -> None:
 def test_completed_is_skipped_whoever_completed_it(who: Claimant) -> None:
     decision = decide(rec(RunState.COMPLETED, who), US, now=NOW, policy=POLICY)
     assert decision.outcome is Outcome.SKIP_DONE and not decision.writes
+
+
+@pytest.mark.parametrize("who", [US, EU])
+@pytest.mark.parametrize("at", [NOW - 10, NOW - 10_000])
+def test_a_run_its_work_skipped_is_done_for_every_deployment_forever(
+    who: Claimant, at: float
+) -> None:
+    running = rec(RunState.RUNNING, who, at=at - 1)
+    skipped = running.advance(RunState.COMPLETED, at=at, reason=skipped_reason("exit code 99"))
+    assert skipped_by_work(skipped) and skipped.reason == "skipped by the task: exit code 99"
+    assert is_terminal(skipped, POLICY)
+    for me in (US, EU):  # neither the skipping deployment nor another one runs it again
+        decision = decide(skipped, me, now=NOW, policy=POLICY)
+        assert decision.outcome is Outcome.SKIP_DONE and not decision.writes
+        assert "skipped by its task" in decision.reason
+    assert not skipped_by_work(running.advance(RunState.COMPLETED, at=at))
+    assert not skipped_by_work(running.advance(RunState.FAILED, at=at, reason="skipped by x"))
+
+
+# -- deployment liveness -----------------------------------------------------------------------
+
+GONE = DeploymentLiveness(EU.deployment, Liveness.GONE, timeout=6.0)
+ALIVE = DeploymentLiveness(EU.deployment, Liveness.ALIVE, members=1, since=NOW - 3600)
+UNKNOWN = DeploymentLiveness(EU.deployment, Liveness.UNKNOWN)
+
+
+def test_a_gone_deployments_live_claim_is_taken_over_at_once_with_a_new_token() -> None:
+    claim = rec(RunState.CLAIMED, EU, at=NOW - 1, attempt=2)
+    decision = decide(claim, US, now=NOW, policy=POLICY, liveness=GONE)
+    assert (decision.outcome, decision.attempt) == (Outcome.TAKE_OVER, 2)
+    assert "GONE" in decision.reason
+    record = claim_record(decision, fenced_replay(30, claim), run_key=claim.run_key, me=US,
+                          now=NOW, policy=POLICY)
+    assert record.token == 30 > claim.token
+
+
+@pytest.mark.parametrize("liveness", [ALIVE, UNKNOWN, None,
+                                      DeploymentLiveness("ap-south-1", Liveness.GONE)])
+def test_a_live_or_unknown_deployments_claim_is_still_respected_for_the_handoff_window(
+    liveness: DeploymentLiveness | None
+) -> None:
+    claim = rec(RunState.CLAIMED, EU, at=NOW - 1)
+    decision = decide(claim, US, now=NOW, policy=POLICY, liveness=liveness)
+    assert decision.outcome is Outcome.WAIT and decision.wait_until == claim.handoff_deadline
+    failed = rec(RunState.FAILED, EU, at=NOW - 1)
+    assert decide(failed, US, now=NOW, policy=POLICY, liveness=liveness).outcome is Outcome.WAIT
+
+
+def test_a_gone_deployments_failure_is_retried_elsewhere_at_once_within_the_attempt_limit(
+) -> None:
+    failed = rec(RunState.FAILED, EU, at=NOW - 1, attempt=1)
+    decision = decide(failed, US, now=NOW, policy=POLICY, liveness=GONE)
+    assert (decision.outcome, decision.attempt) == (Outcome.TAKE_OVER, 2)
+    limited = DecisionPolicy(handoff_timeout=60.0, max_attempts=1)
+    assert decide(failed, US, now=NOW, policy=limited, liveness=GONE).outcome is Outcome.GIVE_UP
+    only = DecisionPolicy(handoff_timeout=60.0, failed_retry=FailedRetry.SAME_DEPLOYMENT_ONLY)
+    assert decide(failed, US, now=NOW, policy=only, liveness=GONE).outcome is Outcome.WAIT
+
+
+def test_liveness_changes_nothing_for_our_own_records_running_or_completed() -> None:
+    mine_gone = DeploymentLiveness(US.deployment, Liveness.GONE)
+    for state, outcome in ((RunState.CLAIMED, Outcome.TAKE_OVER), (RunState.FAILED, Outcome.RETRY),
+                           (RunState.RUNNING, Outcome.TAKE_OVER),
+                           (RunState.COMPLETED, Outcome.SKIP_DONE)):
+        assert decide(rec(state, US), US, now=NOW, policy=POLICY,
+                      liveness=mine_gone).outcome is outcome
+    assert decide(rec(RunState.COMPLETED, EU), US, now=NOW, policy=POLICY,
+                  liveness=GONE).outcome is Outcome.SKIP_DONE
 
 
 def test_another_deployments_live_claim_means_wait_until_its_deadline() -> None:

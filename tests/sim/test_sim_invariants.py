@@ -54,6 +54,11 @@ def test_ten_thousand_seeded_schedules_keep_every_invariant() -> None:
     # Replays continued from the host's checkpoint (issue 12) over a compacted log.
     assert summary.checkpoint_replays > summary.claims // 2
     assert summary.compacted > 0
+    # Deployment liveness (issue 20): lost and delayed liveness heartbeats of deployments
+    # that kept running gave false GONE verdicts, and claims were taken over on GONE verdicts.
+    assert summary.fired.get("liveness heartbeat withheld", 0) > 0
+    assert summary.fired.get("liveness GONE verdict, deployment up (false)", 0) > 0
+    assert summary.fired.get("liveness take-over", 0) > 0
     # S1's margin: a new leader never started before the previous one's belief ended.
     assert summary.min_handover_gap is not None and summary.min_handover_gap > 0
 

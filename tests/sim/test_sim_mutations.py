@@ -27,6 +27,8 @@ EXPECTED = {
     "unread_unreadable": {"S3", "S4"},
     # issue 12: a host's replay checkpoint taken as the whole ledger misses later records
     "stale_replay_cache": {"S3", "L1"},
+    # issue 20: a take-over on a (possibly false) GONE verdict without a new token
+    "liveness_takeover_no_token": {"S3"},
 }
 
 
@@ -45,7 +47,8 @@ def test_broken_protocol_is_caught(mutation: str) -> None:
 
 def test_an_injected_decision_that_never_waits_nor_skips_is_caught() -> None:
     def reckless(
-        latest: LedgerRecord | None, me: Claimant, *, now: float, policy: DecisionPolicy
+        latest: LedgerRecord | None, me: Claimant, *, now: float, policy: DecisionPolicy,
+        **liveness: object,
     ) -> Decision:
         attempt = 1 if latest is None else latest.attempt + 1
         return Decision(Outcome.TAKE_OVER, "always run", latest, attempt=attempt)

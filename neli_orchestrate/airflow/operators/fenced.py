@@ -61,6 +61,7 @@ from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
     AirflowSkipException,
+    DownstreamTasksSkipped,
     TaskDeferred,
 )
 
@@ -71,7 +72,7 @@ from neli_orchestrate.airflow.claims import (
     reset_command,
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.errors import ConfigError, FencedError, SkippedRun
+from neli_orchestrate.errors import ConfigError, FencedError, SkippedRun, WorkSkipped
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -298,6 +299,11 @@ class _FencedExecution:
             )
         except SkippedRun as exc:
             raise AirflowSkipException(str(exc)) from exc
+        except WorkSkipped as exc:
+            # recorded COMPLETED ("skipped by the task"); Airflow sees what the work raised
+            if exc.original is not None:
+                raise exc.original from None
+            raise AirflowSkipException(str(exc)) from exc
         except FencedError as exc:
             reason = self.fence_reason
             detail = f"{exc}" if reason is None or reason in str(exc) else f"{exc} ({reason})"
@@ -333,6 +339,14 @@ class _FencedExecution:
 
             stamp_outlet_events(task, self.context, current)
             return result
+        except AirflowSkipException as exc:
+            # The work skipped itself (skip_on_exit_code, soft_fail, AirflowSkipException):
+            # a terminal outcome of the run key, not a failure another region would retry.
+            raise WorkSkipped(str(exc) or type(exc).__name__, original=exc) from exc
+        except DownstreamTasksSkipped as exc:
+            # A short-circuit: the task succeeded and skipped its downstream tasks.
+            raise WorkSkipped(f"the task skipped its downstream tasks {exc.tasks}",
+                              original=exc) from exc
         except BaseException as exc:
             # Stop first, then record, then release: an execution_timeout (Airflow raises
             # AirflowTaskTimeout here and calls on_kill only after execute returned), a SIGTERM

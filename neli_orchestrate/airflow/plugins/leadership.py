@@ -29,6 +29,7 @@ from airflow.sdk import BaseOperatorLink
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from neli_orchestrate.airflow import liveness as _liveness_listener
 from neli_orchestrate.errors import ConfigError, NeliError
 from neli_orchestrate.observe import (
     LEDGER_ROWS,
@@ -347,3 +348,5 @@ class NeliPlugin(AirflowPlugin):
         "category": "browse",
     }]
     global_operator_extra_links = [NeliRunLink()]
+    # The scheduler announces the deployment's liveness in Kafka (neli_orchestrate.liveness).
+    listeners = [_liveness_listener]
