@@ -84,6 +84,17 @@ def test_namespace_and_role_come_back_from_every_derived_name(namespace: str, ro
     assert n.ledger_topic.split(".", 1) == [namespace, "ledger"]
 
 
+@pytest.mark.parametrize("role", ["daily", "deployment", "deploymentx.y", "x.deployment.y"])
+def test_no_role_group_is_a_deployment_liveness_group(role: str) -> None:
+    # "<ns>.deployment.<name>" is a deployment's liveness group: a role may not produce it.
+    n = derive("acme")
+    assert n.liveness_group("us-east-1") == "acme.deployment.us-east-1"
+    assert not n.is_liveness_group(n.group_id(role))
+    assert n.is_liveness_group(n.liveness_group("us-east-1"))
+    with pytest.raises(ConfigError, match="reserved for deployments' liveness groups"):
+        n.group_id("deployment.us-east-1")
+
+
 def test_names_longer_than_kafka_allows_are_refused_at_construction() -> None:
     longest = "n" * (249 - len(".ledger"))
     assert len(derive(longest).ledger_topic) == 249
