@@ -182,7 +182,7 @@ class SingletonConfig:
             topic=self.names.ledger_topic,
             partitions=self.ledger_partitions,
             transactional_id_prefix=self.names.transactional_id_prefix,
-            kafka_config=_client_settings(self.neli.kafka_config),
+            kafka_config=ledger_client_settings(self.neli.kafka_config),
             replay_cache=self.ledger_replay_cache,
             replay_cache_dir=self.ledger_replay_cache_dir,
         )
@@ -193,9 +193,6 @@ def ledger_client_settings(kafka_config: Any) -> dict[str, Any]:
     keep = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.",
             "reconnect.", "retry.", "retries", "debug", "log_level")
     return {k: v for k, v in dict(kafka_config).items() if k.startswith(keep)}
-
-
-_client_settings = ledger_client_settings
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ def _announcer_config(conn_id: str, *, component: str) -> Any:
 
     from neli_orchestrate.airflow.hooks.neli import NeliHook
     from neli_orchestrate.liveness import AnnouncerConfig
-    from neli_orchestrate.singleton import _client_settings
+    from neli_orchestrate.singleton import ledger_client_settings
 
     conn = Connection.get_connection_from_secrets(conn_id)
     config = NeliHook(conn_id, connection=conn).singleton_config()  # type: ignore[arg-type]
@@ -125,4 +125,4 @@ def _announcer_config(conn_id: str, *, component: str) -> Any:
                            namespace=config.names.name, deployment=config.deployment,
                            timeout=config.liveness_timeout, component=component,
                            poll_interval=min(0.5, config.liveness_timeout / 5),
-                           kafka_config=_client_settings(config.neli.kafka_config))
+                           kafka_config=ledger_client_settings(config.neli.kafka_config))
