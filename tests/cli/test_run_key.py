@@ -8,7 +8,7 @@ import pytest
 from cli_helpers import cli
 
 from neli_orchestrate.cli.run import render_run_key
-from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.errors import ConfigError, FencedError
 
 # 23:30 on 24 Nov in New York is 04:30 on 25 Nov in UTC
 NOW = datetime(2026, 11, 25, 4, 30, 12, tzinfo=UTC)
@@ -64,3 +64,46 @@ def test_the_command_refuses_bad_input_before_touching_kafka() -> None:
     assert out.code == 2 and "--grace 30 s is too long" in out.stderr
     out = cli(*base, "--hold", "--run-key", "k", "--", "true", timeout=30)
     assert out.code == 2 and "--hold takes no --run-key" in out.stderr
+
+
+def test_a_fence_stops_the_whole_process_group_before_the_claim_hears_of_it(tmp_path) -> None:
+    """The fence callback (the watchdog's thread) returns only once COMMAND's process group,
+    a grandchild that ignores SIGTERM included, is gone: the claim records and releases after."""
+    import os
+    import sys
+    import threading
+    import time
+
+    from neli_orchestrate.cli.run import _supervise
+    from neli_orchestrate.decision import Outcome
+    from neli_orchestrate.singleton import Run
+
+    pids = tmp_path / "pids"
+    script = ("import os, signal, subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+              f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+              "time.sleep(600)\n")
+    run = Run(role="r", run_key="k", deployment="d", outcome=Outcome.RUN, reason="",
+              token=7, record=None)
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(_supervise(
+        run, [sys.executable, "-c", script], dict(os.environ), grace=0.5, guard_timeout=30,
+        ping_interval=0.1)))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert time.monotonic() < deadline, "command did not start"
+        time.sleep(0.02)
+    leader, grandchild = (int(p) for p in pids.read_text().split())
+    run._fence("test: leadership lost")  # what the watchdog does; returns after the stop
+    for pid in (leader, grandchild):
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            state = "gone"
+        assert state in ("gone", "Z"), (pid, state)
+    thread.join(timeout=30)
+    assert result and result[0] in (128 + 9, 128 + 15), result  # the shell's "killed by"
+    with pytest.raises(FencedError):
+        run.check()
