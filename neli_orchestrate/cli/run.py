@@ -210,8 +210,8 @@ class Terminated(Exception):  # noqa: N818 - a signal, not an error of ours
 class CommandFailed(Exception):
     """COMMAND exited non-zero (recorded FAILED with this message)."""
 
-    def __init__(self, code: int, command: Sequence[str]) -> None:
-        super().__init__(f"command {list(command)[:3]} exited with status {code}")
+    def __init__(self, code: int, command: Sequence[str], why: str = "") -> None:
+        super().__init__(f"command {list(command)[:3]} exited with status {code}{why}")
         self.code = code
 
 
@@ -339,8 +339,11 @@ def _supervise(run: Any, command: Sequence[str], env: Mapping[str, str], *, grac
         stop.set()
         guard_stopped = process.release_guard()
     if guard_stopped and not run.fenced:
-        raise RuntimeError("this runner stalled past the member's heartbeat timeout; its guard"
-                           " stopped the command")
+        # the runner stalled past the heartbeat timeout yet kept leadership: the command was
+        # stopped all the same, so the run failed (recorded FAILED; the same deployment retries)
+        raise CommandFailed(_exit_status(returncode), command,
+                            ": this runner stalled past the member's heartbeat timeout and its"
+                            " guard stopped the command")
     return _exit_status(returncode)
 
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -57,6 +58,9 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: dict[str, Pat
     assert dist["wheel"].name == f"neli_orchestrate-{__version__}-py3-none-any.whl"
     assert dist["sdist"].name == f"neli_orchestrate-{__version__}.tar.gz"
     run(sys.executable, "-m", "twine", "check", "--strict", dist["wheel"], dist["sdist"])
+    sdist_names = tarfile.open(dist["sdist"]).getnames()
+    for name in ("CHANGELOG.md", "README.md", "pyproject.toml", "neli_orchestrate/cli/run.py"):
+        assert f"neli_orchestrate-{__version__}/{name}" in sdist_names, name
     names = zipfile.ZipFile(dist["wheel"]).namelist()
     assert "neli_orchestrate/py.typed" in names
     assert "neli_orchestrate/testing/kafka/pom.xml" in names  # LocalKafka's Maven recipe
