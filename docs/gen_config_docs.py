@@ -146,6 +146,48 @@ def _airflow() -> list[str]:
     return rows
 
 
+def _settings() -> list[str]:
+    """The settings every front door shares, with the name each front door gives them."""
+    from neli_orchestrate.airflow.provider import CONN_FIELDS
+    from neli_orchestrate.cli import cli
+    from neli_orchestrate.cli._context import CLUSTER_OPTIONS, SettingOption
+    from neli_orchestrate.dagster.resource import NeliResource
+    from neli_orchestrate.settings import NeliSettings
+
+    options: dict[str, set[str]] = {}
+    for option, setting in CLUSTER_OPTIONS.items():
+        options.setdefault(setting, set()).add(option)
+    commands = [cli]
+    while commands:
+        command = commands.pop()
+        commands += list(getattr(command, "commands", {}).values())
+        for param in command.params:
+            if isinstance(param, SettingOption):
+                options.setdefault(param.setting, set()).add(param.opts[0])
+    rows = ["| Setting | Type | Default | Airflow extra | Dagster field | CLI option | Meaning |",
+            "|---|---|---|---|---|---|---|"]
+    for name, info in NeliSettings.model_fields.items():
+        if info.is_required():
+            default = "required"
+        elif info.default_factory is not None:
+            default = f"`{info.default_factory()!r}`"  # type: ignore[call-arg]
+        else:
+            default = f"`{info.default!r}`"
+        bounds = " ".join(f"{sign} {getattr(m, attr):g}" for m in info.metadata
+                          for attr, sign in (("gt", ">"), ("ge", ">="))
+                          if getattr(m, attr, None) is not None)
+        kind = (info.annotation.__name__ if isinstance(info.annotation, type)
+                else str(info.annotation).replace("typing.", "")) + (
+            f" ({bounds})" if bounds else "")
+        airflow = "host" if name == "bootstrap_servers" else (
+            f"`{name}`" if name in CONN_FIELDS else "-")
+        dagster = f"`{name}`" if name in NeliResource.model_fields else "-"
+        cli_options = ", ".join(f"`{o}`" for o in sorted(options.get(name, ()))) or "-"
+        rows.append(f"| `{name}` | `{_cell(kind)}` | {default} | {airflow} | {dagster} | "
+                    f"{cli_options} | {_cell(info.description or UNDOCUMENTED)} |")
+    return rows
+
+
 def _dagster() -> list[str]:
     from neli_orchestrate.dagster.resource import NeliResource
 
@@ -181,6 +223,15 @@ def render() -> str:
         "on the group, topic and transactional-id names derived from it, see "
         "`neli_orchestrate.core.namespace.derive`) and on the timing profile; each has its own "
         "`deployment` id.",
+        "",
+        "## Settings of every front door (`neli_orchestrate.settings.NeliSettings`)",
+        "",
+        "Each setting a deployment gives is declared once, in `neli_orchestrate/settings.py`, "
+        "and the Airflow connection, the Dagster resource and the command line are built from "
+        "that declaration (tests/test_settings.py fails when one drifts). "
+        "`NeliSettings.singleton_config()` is the one conversion to the classes below.",
+        "",
+        _settings(),
         "",
         "## `SingletonConfig` (plain Python: `neli_orchestrate.SingletonConfig`)",
         "",

@@ -8,7 +8,7 @@ Usage::
         if run.should_run:
             build_table(token=run.token)     # leaving the block records COMPLETED
 
-The steps of one claim (DESIGN.md, layer 3): become leader of the role's NELI group → begin the
+The steps of one claim (docs/design.md, layer 3): become leader of the role's NELI group → begin the
 role's transactional ledger writer (``init_transactions()`` fences every earlier leader at the
 broker) → replay the ledger → apply the decision table (:mod:`neli_orchestrate.decision`) →
 write the claim with a new, larger token → run the work while a watchdog thread keeps the
@@ -39,12 +39,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from neli_orchestrate.claim import Claim
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
-from neli_orchestrate.core.kafka import (
-    RECONNECT_BACKOFF_MS,
-    LoginRefusal,
-    is_authorization_error,
-)
+from neli_orchestrate.core.kafka import RECONNECT_BACKOFF_MS, ConfluentKafka
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
@@ -60,10 +57,8 @@ from neli_orchestrate.decision import (
 )
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
-    AuthorizationError,
     ConfigError,
     FencedError,
-    KafkaUnavailableError,
     SkippedRun,
 )
 from neli_orchestrate.ledger import (
@@ -182,11 +177,14 @@ class SingletonConfig:
         )
 
 
-def _client_settings(kafka_config: Any) -> dict[str, Any]:
+def ledger_client_settings(kafka_config: Any) -> dict[str, Any]:
     """Connection and security settings of a member's kafka_config that the ledger shares."""
     keep = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.",
             "reconnect.", "retry.", "retries", "debug", "log_level")
     return {k: v for k, v in dict(kafka_config).items() if k.startswith(keep)}
+
+
+_client_settings = ledger_client_settings
 
 
 @dataclass(frozen=True)
@@ -211,42 +209,33 @@ class Reservation:
         """True if this deployment holds a fresh claim and its executor should run the work."""
         return self.token is not None
 
+    @property
+    def claim(self) -> Claim | None:
+        """The claim this deployment holds (the handle its work gets), None unless
+        :attr:`should_run`."""
+        if self.token is None:
+            return None
+        return Claim(token=self.token, run_key=self.run_key, role=self.role,
+                     deployment=self.deployment)
 
-class Run:
-    """One run of a role inside :meth:`Singleton.claim` or :meth:`Singleton.execute`.
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Run(Reservation):
+    """One run of a role inside :meth:`Singleton.claim` or :meth:`Singleton.execute`: the
+    answer, held while the work runs, and fenced (:meth:`check`, :meth:`on_fence`) if
+    leadership is lost meanwhile.
 
     ``outcome`` says what the decision table decided; run the work only if :attr:`should_run`.
     """
 
-    def __init__(
-        self,
-        *,
-        role: str,
-        run_key: str,
-        deployment: str,
-        outcome: Outcome,
-        reason: str,
-        token: int | None,
-        record: LedgerRecord | None,
-        wait_until: float | None = None,
-    ) -> None:
-        self.role = role
-        self.run_key = run_key
-        self.deployment = deployment
-        self.outcome = outcome
-        self.reason = reason
-        self.token = token
-        self.record = record
-        #: WAIT: wall-clock time after which claiming again may give another answer.
-        self.wait_until = wait_until
-        self._lock = threading.Lock()
-        self._fenced: str | None = None
-        self._callbacks: list[Callable[[str], object]] = []
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_lock", threading.Lock())
+        object.__setattr__(self, "_fenced", None)
+        object.__setattr__(self, "_callbacks", [])
 
-    @property
-    def should_run(self) -> bool:
-        """True if this member holds the claim (``token`` is set) and must do the work."""
-        return self.token is not None
+    _lock: threading.Lock = field(init=False, repr=False)
+    _fenced: str | None = field(init=False, repr=False)
+    _callbacks: list[Callable[[str], object]] = field(init=False, repr=False)
 
     @property
     def fenced(self) -> bool:
@@ -283,8 +272,9 @@ class Run:
         with self._lock:
             if self._fenced is not None:
                 return
-            self._fenced = reason
-            callbacks, self._callbacks = self._callbacks, []
+            object.__setattr__(self, "_fenced", reason)
+            callbacks = self._callbacks
+            object.__setattr__(self, "_callbacks", [])
         log.error("fenced: role %r run %r token %s: %s", self.role, self.run_key, self.token,
                   reason)
         for callback in callbacks:
@@ -455,7 +445,6 @@ class Singleton:
         self._membership: Callable[[str], int] = membership or (
             self._describe_members if neli_factory is None else (lambda group: 0))
         self._admin: Any = None
-        self._login = LoginRefusal()
 
     # -- public API --------------------------------------------------------------------------
 
@@ -481,36 +470,18 @@ class Singleton:
         return self._membership(self.config.role_neli(role).resolved.group_id)
 
     def _describe_members(self, group: str) -> int:
-        from confluent_kafka.admin import AdminClient
-
         neli = self.config.neli.resolved
         with self._ledger_lock:
             if self._admin is None:
-                # the short first reconnect of every member client (core.kafka): this
-                # client's first request is the gate's busy check
-                self._admin = AdminClient({"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
-                                           **_client_settings(neli.kafka_config),
-                                           "bootstrap.servers": neli.bootstrap_servers,
-                                           "error_cb": self._login,
-                                           "logger": logging.getLogger(__name__ + ".librdkafka")})
+                # through the Kafka seam, with the short first reconnect of every member
+                # client (core.kafka): this client's first request is the gate's busy check
+                self._admin = ConfluentKafka().admin({
+                    "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                    **ledger_client_settings(neli.kafka_config),
+                    "bootstrap.servers": neli.bootstrap_servers,
+                    "logger": logging.getLogger(__name__ + ".librdkafka")})
             admin = self._admin
-        timeout = neli.request_timeout
-        try:
-            futures = admin.describe_consumer_groups([group], request_timeout=timeout)
-            description = futures[group].result(timeout=timeout + 5)
-        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
-            refused = self._login.error(admin, f"describing consumer group {group!r}",
-                                        neli.bootstrap_servers)
-            if refused is not None:
-                raise refused from exc
-            if is_authorization_error(exc):
-                raise AuthorizationError(
-                    f"describing consumer group {group!r} was denied ({exc}): grant READ (or"
-                    f" DESCRIBE) on it; docs/security.md lists every ACL") from exc
-            raise KafkaUnavailableError(
-                f"cannot describe consumer group {group!r} at {neli.bootstrap_servers}: {exc}"
-            ) from exc
-        return len(description.members or [])
+        return int(admin.group_members(group, neli.request_timeout))
 
     def expire(self, role: str, retention: float) -> list[str]:
         """Tombstone ``role``'s finished run keys last written over ``retention`` seconds ago.
@@ -693,7 +664,7 @@ class Singleton:
         self, writer: LedgerWriter, replay: Replay, role: str, run_key: str, token: int,
         me: Claimant, now: float,
     ) -> tuple[LedgerRecord, Outcome, str]:
-        """An executor try whose claim moved on decides again, as a gate would (issue: retries).
+        """An executor try whose claim moved on decides again, as a gate would.
 
         Returns the RUNNING claim to write (a new, larger token); raises when this try must
         not run: :class:`SkippedRun` (completed), :class:`AcquireTimeoutError` (another
@@ -939,9 +910,8 @@ class Singleton:
                    record=decision.latest, wait_until=decision.wait_until)
 
     def _reservation(self, run: Run) -> Reservation:
-        return Reservation(role=run.role, run_key=run.run_key, outcome=run.outcome,
-                           reason=run.reason, token=run.token, record=run.record,
-                           deployment=self.config.deployment, wait_until=run.wait_until)
+        return Reservation(**{f.name: getattr(run, f.name)
+                              for f in dataclasses.fields(Reservation)})
 
     def _metric(self, name: Metric, role: str, run_key: str | None = None, *,
                 outcome: Outcome | None = None, value: float = 1.0) -> None:

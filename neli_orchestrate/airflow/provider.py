@@ -14,109 +14,75 @@ from neli_orchestrate import __version__
 PACKAGE_NAME = "neli-orchestrate"
 CONNECTION_TYPE = "neli"
 INTEGRATION = "NELI (Kafka leadership)"
-#: The provider's user guide; the same address as ``[project.urls] Documentation`` in
-#: pyproject.toml (tests/airflow/test_provider.py keeps them equal).
-DOCS_URL = "https://github.com/neli-orchestrate/neli-orchestrate/blob/main/docs/airflow.md"
-
-_STRING = {"type": ["string", "null"]}
-_NUMBER = {"type": ["number", "null"]}
 
 
 def _field(label: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"label": label, "schema": schema, "description": description}
 
 
-# Extras of a ``neli`` connection, shown as form fields. NeliHook reads the same names.
-CONN_FIELDS: dict[str, dict[str, Any]] = {
-    "deployment": _field(
-        "Deployment id",
-        _STRING,
-        "This Airflow deployment's region id, e.g. us-east-1. Must differ between deployments "
-        "and stay stable. Falls back to [neli] deployment (AIRFLOW__NELI__DEPLOYMENT).",
-    ),
-    "namespace": _field(
-        "Namespace",
-        {"type": ["string", "null"]},
-        "Required (here or in [neli] namespace); the same in every deployment that coordinates: "
-        "groups <namespace>.<role>, leader topic <namespace>.neli, ledger <namespace>.ledger.",
-    ),
-    "ledger_topic": _field(
-        "Ledger topic", _STRING, "Run ledger topic; default <namespace>.ledger."
-    ),
-    "security_protocol": _field(
-        "Security protocol",
-        {
-            "type": ["string", "null"],
-            "enum": ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
-        },
-        "librdkafka security.protocol. Login/password are used as SASL credentials.",
-    ),
-    "sasl_mechanism": _field(
-        "SASL mechanism",
-        {
-            "type": ["string", "null"],
-            "enum": ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"],
-        },
-        "librdkafka sasl.mechanism.",
-    ),
-    "ssl_ca_location": _field("SSL CA file", _STRING, "librdkafka ssl.ca.location."),
-    "ssl_certificate_location": _field(
-        "SSL client certificate", _STRING, "librdkafka ssl.certificate.location."
-    ),
-    "ssl_key_location": _field("SSL client key", _STRING, "librdkafka ssl.key.location."),
-    "ssl_key_password": _field(
-        "SSL key password",
-        {"type": ["string", "null"], "format": "password"},
-        "librdkafka ssl.key.password.",
-    ),
-    "kafka_config": _field(
-        "Kafka client config",
-        {"type": ["object", "null"]},
-        "Further librdkafka settings as a JSON object, e.g. "
-        '{"client.rack": "use1-az1", "sasl.oauthbearer.method": "oidc"}.',
-    ),
-    "handoff_timeout": _field(
-        "Handoff timeout (s)",
-        _NUMBER,
-        "How long another deployment respects this deployment's claim before taking over.",
-    ),
-    "acquire_timeout": _field(
-        "Acquire timeout (s)",
-        _NUMBER,
-        "How long one attempt waits to lead a role before reporting 'wait'.",
-    ),
-    "max_attempts": _field(
-        "Max attempts",
-        {"type": ["integer", "null"]},
-        "Attempts per run (all deployments) before a run fails for good; empty: no limit.",
-    ),
-    "heartbeat_timeout": _field(
-        "Heartbeat timeout (s)",
-        _NUMBER,
-        "NELI: a leader that has not seen its own heartbeat for this long fences itself.",
-    ),
-    "session_timeout": _field(
-        "Session timeout (s)",
-        _NUMBER,
-        "Kafka consumer group session timeout; a dead deployment is replaced after it.",
-    ),
-    "profile": _field(
-        "Timing profile",
-        {"type": ["string", "null"], "enum": ["default", "fast"]},
-        "NELI timing defaults: 'default' (WAN, 10 s session) or 'fast' (one data centre).",
-    ),
-    "group_protocol": _field(
-        "Group protocol",
-        {"type": ["string", "null"], "enum": ["auto", "classic", "consumer"]},
-        "Kafka consumer group protocol: empty or 'auto' (KIP-848 when the broker supports it, "
-        "else classic; see docs/protocol.md), 'classic' or 'consumer' (KIP-848).",
-    ),
-    "connect_timeout": _field(
-        "Connect timeout (s)",
-        {"type": ["number", "null"], "default": 10},
-        "Broker round-trip timeout for Test connection and metadata calls.",
-    ),
+#: Structured extras of a ``neli`` connection that fill one librdkafka setting each (the form's
+#: shortcut for the common security settings): extra -> (librdkafka key, label, choices).
+KAFKA_EXTRAS: dict[str, tuple[str, str, list[str] | None]] = {
+    "security_protocol": ("security.protocol", "Security protocol",
+                          ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+    "sasl_mechanism": ("sasl.mechanism", "SASL mechanism",
+                       ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]),
+    "ssl_ca_location": ("ssl.ca.location", "SSL CA file", None),
+    "ssl_certificate_location": ("ssl.certificate.location", "SSL client certificate", None),
+    "ssl_key_location": ("ssl.key.location", "SSL client key", None),
+    "ssl_key_password": ("ssl.key.password", "SSL key password", None),
 }
+
+#: What the connection adds to a setting's own description, where Airflow offers more.
+_FALLBACKS = {
+    "deployment": " Falls back to [neli] deployment (AIRFLOW__NELI__DEPLOYMENT).",
+    "namespace": " Falls back to [neli] namespace (AIRFLOW__NELI__NAMESPACE).",
+}
+
+
+def _setting_field(name: str) -> dict[str, Any]:
+    """A form field generated from the setting's one declaration (neli_orchestrate.settings)."""
+    from neli_orchestrate import settings
+
+    info = settings.declaration(name)
+    schema: dict[str, Any] = {"type": [settings.kind(name), "null"]}
+    options = settings.choices(name)
+    if options:
+        schema["enum"] = options
+    if info.default is not None and not info.is_required() and info.default_factory is None:
+        schema["default"] = info.default
+    return _field(str(info.title), schema, str(info.description) + _FALLBACKS.get(name, ""))
+
+
+def _kafka_field(name: str) -> dict[str, Any]:
+    key, label, options = KAFKA_EXTRAS[name]
+    schema: dict[str, Any] = {"type": ["string", "null"]}
+    if options:
+        schema["enum"] = options
+    if "password" in name:
+        schema["format"] = "password"
+    text = f"librdkafka {key}." + (
+        " Login/password are used as SASL credentials." if name == "security_protocol" else "")
+    return _field(label, schema, text)
+
+
+def _conn_fields() -> dict[str, dict[str, Any]]:
+    from neli_orchestrate.settings import NeliSettings
+
+    fields: dict[str, dict[str, Any]] = {}
+    # the host field holds the bootstrap servers; the security shortcuts precede kafka_config
+    for name in NeliSettings.model_fields:
+        if name == "kafka_config":
+            fields.update({extra: _kafka_field(extra) for extra in KAFKA_EXTRAS})
+        if name != "bootstrap_servers":
+            fields[name] = _setting_field(name)
+    return fields
+
+
+#: Extras of a ``neli`` connection, shown as form fields: every setting of
+#: :class:`~neli_orchestrate.settings.NeliSettings` but the bootstrap servers (the host field),
+#: and the security shortcuts. NeliHook reads the same names.
+CONN_FIELDS: dict[str, dict[str, Any]] = _conn_fields()
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -132,7 +98,6 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [
             {
                 "integration-name": INTEGRATION,
-                "external-doc-url": DOCS_URL,
                 "tags": ["protocol"],
             }
         ],

@@ -11,11 +11,9 @@ Every command that talks to a cluster takes the same options (also from the envi
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,18 @@ import click
 
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.observe import group_prefix, role_of_group
+from neli_orchestrate.settings import (
+    ClusterSettings,
+    NeliSettings,
+    choices,
+    declaration,
+    kind,
+    parse,
+)
 
-__all__ = ["Target", "connection_options", "group_prefix", "namespace_names", "role_of_group"]
+__all__ = ["SettingOption", "Target", "connection_options", "group_prefix", "namespace_names",
+           "role_of_group", "setting_option"]
 
 #: librdkafka's own log lines go through this logger (``-v`` shows them).
 librdkafka_log = logging.getLogger("neli_orchestrate.cli.librdkafka")
@@ -34,19 +42,6 @@ def namespace_names(namespace: str, ledger_topic: str | None = None) -> Namespac
     """The group ids, topics and transactional-id prefix of ``namespace`` (the core's one
     derivation, shared with SingletonConfig, the Airflow hook and the Dagster resource)."""
     return derive(namespace, ledger_topic=ledger_topic)
-
-
-def group_prefix(names: Namespace) -> str:
-    """What every role group id of ``names`` starts with (for prefixed ACLs and discovery)."""
-    return names.group_id("\0").split("\0", 1)[0]
-
-
-def role_of_group(names: Namespace, group_id: str) -> str | None:
-    """The role whose NELI group is ``group_id``, or None if it is not one of ``names``."""
-    prefix = group_prefix(names)
-    if group_id.startswith(prefix) and len(group_id) > len(prefix):
-        return group_id[len(prefix):]
-    return None
 
 
 def _read_properties(path: Path) -> dict[str, str]:
@@ -63,50 +58,34 @@ def _read_properties(path: Path) -> dict[str, str]:
     return settings
 
 
-@dataclass(frozen=True)
-class Target:
-    """One cluster and namespace, as the options of a command named them."""
-
-    bootstrap_servers: str
-    namespace: str
-    ledger_topic_option: str | None
-    kafka_config: Mapping[str, Any]
-    timeout: float
+class Target(ClusterSettings):
+    """One cluster and namespace, as the options of a command named them
+    (:class:`~neli_orchestrate.settings.ClusterSettings`; its clients log through Python)."""
 
     @property
-    def names(self) -> Namespace:
-        return namespace_names(self.namespace, self.ledger_topic_option)
+    def timeout(self) -> float:
+        """Seconds to wait for the cluster (``--timeout``: the ``connect_timeout`` setting)."""
+        return self.connect_timeout
+
+    @property
+    def ledger_topic_option(self) -> str | None:
+        """The ``--ledger-topic`` given (None: the namespace's)."""
+        return self.ledger_topic
 
     def client_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka settings for a client of this cluster; its logs go to Python logging."""
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "client.id": "neli-orchestrate-cli",
-            "socket.timeout.ms": int(self.timeout * 1000),
-            **self.kafka_config,
-            "logger": librdkafka_log,
-        }
-        conf.update(extra)
-        return conf
-
-    def ledger_config(self) -> Any:
-        """The KafkaLedgerConfig every deployment of this namespace writes through."""
-        from neli_orchestrate.ledger import KafkaLedgerConfig
-        from neli_orchestrate.singleton import _client_settings  # what the ledger shares
-
-        names = self.names
-        return KafkaLedgerConfig(
-            bootstrap_servers=self.bootstrap_servers,
-            topic=names.ledger_topic,
-            transactional_id_prefix=names.transactional_id_prefix,
-            kafka_config=_client_settings(self.kafka_config),
-            create_topic=False,
-            replay_timeout=self.timeout,
-            request_timeout=self.timeout,
-        )
+        return super().client_config(**{"client.id": "neli-orchestrate-cli",
+                                        "socket.timeout.ms": int(self.timeout * 1000),
+                                        **self.kafka_config, "logger": librdkafka_log, **extra})
 
     def with_timeout(self, timeout: float) -> Target:
-        return dataclasses.replace(self, timeout=timeout)
+        return self.model_copy(update={"connect_timeout": timeout})
+
+
+#: Where each of the cluster options comes from: option -> setting it fills.
+CLUSTER_OPTIONS = {"--bootstrap-servers": "bootstrap_servers", "--namespace": "namespace",
+                   "--ledger-topic": "ledger_topic", "--timeout": "connect_timeout",
+                   "-X": "kafka_config"}
 
 
 def _build_target(bootstrap_servers: str, namespace: str, ledger_topic: str | None,
@@ -119,47 +98,67 @@ def _build_target(bootstrap_servers: str, namespace: str, ledger_topic: str | No
         if not sep or not key.strip():
             raise click.BadParameter(f"expected key=value, got {item!r}", param_hint="-X")
         kafka_config[key.strip()] = value
-    if not bootstrap_servers.strip():
-        raise click.BadParameter("must name at least one broker host:port",
-                                 param_hint="--bootstrap-servers")
+    values = {"bootstrap_servers": bootstrap_servers.strip(), "namespace": namespace.strip(),
+              "ledger_topic": ledger_topic, "kafka_config": kafka_config,
+              "connect_timeout": timeout}
     try:
-        derive(namespace.strip(), ledger_topic=ledger_topic)
+        target: Target = parse(Target, values, where="option")
+        target.ledger_config()  # the settings the ledger owns are refused as well
     except ConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--namespace/--ledger-topic") from exc
-    if not timeout > 0:
-        raise click.BadParameter(f"must be a positive number of seconds, got {timeout}",
-                                 param_hint="--timeout")
-    target = Target(bootstrap_servers.strip(), namespace.strip(), ledger_topic, kafka_config,
-                    timeout)
-    try:
-        # the settings the protocol and the ledger own are refused, as in the library
-        from neli_orchestrate.core import NeliConfig
-
-        NeliConfig(bootstrap_servers=target.bootstrap_servers, kafka_config=kafka_config)
-        target.ledger_config()
-    except ConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="-X/--kafka-config") from exc
+        hints = [option for option, name in CLUSTER_OPTIONS.items() if f"'{name}'" in str(exc)]
+        raise click.BadParameter(str(exc), param_hint="/".join(hints) or "-X/--kafka-config"
+                                 ) from exc
     return target
+
+
+class SettingOption(click.Option):
+    """A command-line option that sets one of :mod:`neli_orchestrate.settings` (``setting``)."""
+
+    def __init__(self, *args: Any, setting: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.setting = setting
+
+
+def setting_option(name: str, *decls: str, model: type[ClusterSettings] = NeliSettings,
+                   **overrides: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A click option for setting ``name``: type, choices, default and help from its one
+    declaration (:mod:`neli_orchestrate.settings`)."""
+    info = declaration(name, model)
+    options = choices(name, model)
+    kinds = {"number": float, "integer": int, "string": str}
+    kwargs: dict[str, Any] = {
+        "cls": SettingOption,
+        "setting": name,
+        "type": click.Choice(options) if options else kinds.get(kind(name, model), str),
+        "help": info.description,
+    }
+    if info.is_required():
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = info.default
+        kwargs["show_default"] = info.default is not None
+    kwargs.update(overrides)
+    return click.option(*decls, **kwargs)
 
 
 def connection_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Add the cluster options; the command receives one ``target: Target`` argument."""
+    from neli_orchestrate.core.config import NeliConfig
+
     options = [
-        click.option("--bootstrap-servers", "-b", envvar="NELI_BOOTSTRAP_SERVERS",
-                     default="localhost:9092", show_default=True,
-                     help="Kafka bootstrap servers [env NELI_BOOTSTRAP_SERVERS]"),
-        click.option("--namespace", "-n", envvar="NELI_NAMESPACE", required=True,
-                     help="the namespace every deployment shares (as in SingletonConfig, the "
-                          "Airflow connection, the Dagster resource) [env NELI_NAMESPACE]"),
-        click.option("--ledger-topic", envvar="NELI_LEDGER_TOPIC", default=None,
-                     help="run ledger topic (default <namespace>.ledger) [env NELI_LEDGER_TOPIC]"),
+        setting_option("bootstrap_servers", "--bootstrap-servers", "-b", model=ClusterSettings,
+                       envvar="NELI_BOOTSTRAP_SERVERS", show_envvar=True, required=False,
+                       default=NeliConfig.bootstrap_servers, show_default=True),
+        setting_option("namespace", "--namespace", "-n", model=ClusterSettings,
+                       envvar="NELI_NAMESPACE", show_envvar=True),
+        setting_option("ledger_topic", "--ledger-topic", model=ClusterSettings,
+                       envvar="NELI_LEDGER_TOPIC", show_envvar=True),
         click.option("-X", "--kafka-config", "settings", multiple=True, metavar="KEY=VALUE",
                      help="librdkafka setting, e.g. -X security.protocol=SASL_SSL (repeatable)"),
         click.option("--kafka-config-file", type=click.Path(exists=True, dir_okay=False,
                                                             path_type=Path),
                      help="properties file of librdkafka settings (key=value lines)"),
-        click.option("--timeout", type=float, default=10.0, show_default=True,
-                     help="seconds to wait for the cluster"),
+        setting_option("connect_timeout", "--timeout", "timeout", model=ClusterSettings),
     ]
 
     def wrapper(bootstrap_servers: str, namespace: str, ledger_topic: str | None,

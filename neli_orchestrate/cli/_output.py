@@ -6,7 +6,6 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -14,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+
+from neli_orchestrate.observe import iso_time
 
 __all__ = ["emit", "fail", "json_option", "progress", "stderr", "stdout", "table", "when"]
 
@@ -38,11 +39,8 @@ def progress(text: str) -> Iterator[None]:
         yield
 
 
-def when(epoch: float | None) -> str:
-    """Epoch seconds as an ISO-8601 UTC time (to the millisecond), '' for None."""
-    if epoch is None:
-        return ""
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+#: Epoch seconds as an ISO-8601 UTC time (to the millisecond), '' for None.
+when = iso_time
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

@@ -19,11 +19,17 @@ from typing import Any
 import click
 from rich.text import Text
 
-from neli_orchestrate.cli._context import Target, connection_options, group_prefix
+from neli_orchestrate.cli._context import (
+    Target,
+    connection_options,
+    group_prefix,
+    setting_option,
+)
 from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
-from neli_orchestrate.core.config import PROFILES, NeliConfig
+from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.observe import broker_config, describe_config
 
 __all__ = ["Finding", "broker_config", "broker_release", "describe_config", "diagnose", "doctor"]
 
@@ -50,29 +56,6 @@ def _code(exc: BaseException) -> str:
     err = args[0] if args else None
     name = getattr(err, "name", None)
     return str(name()) if callable(name) else ""
-
-
-def describe_config(admin: Any, restype: str, name: str, timeout: float) -> dict[str, str] | None:
-    """Settings of a broker/topic/group resource, or None if they cannot be read."""
-    ck = _ck()
-    resource = ck.admin.ConfigResource(getattr(ck.admin.ResourceType, restype), name)
-    try:
-        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
-            timeout=timeout + 5)
-    except Exception:  # noqa: BLE001 - not allowed, not supported: the caller reports it
-        return None
-    return {key: entry.value for key, entry in entries.items() if entry.value is not None}
-
-
-def broker_config(admin: Any, timeout: float) -> dict[str, str] | None:
-    """The settings of one broker of the cluster (the first listed), or None."""
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except Exception:  # noqa: BLE001
-        return None
-    if not metadata.brokers:
-        return None
-    return describe_config(admin, "BROKER", str(min(metadata.brokers)), timeout)
 
 
 #: The Kafka releases the compatibility job tests (README.md, "Supported Kafka").
@@ -469,14 +452,11 @@ _STYLE = {OK: Text("ok", style="green"), WARNING: Text("warning", style="yellow"
 
 @click.command()
 @connection_options
-@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
-              show_default=True, help="timing profile the deployments use")
-@click.option("--group-protocol", type=click.Choice(["auto", "classic", "consumer"]),
-              default="auto", show_default=True, help="group protocol the deployments use")
-@click.option("--session-timeout", type=float, default=None,
-              help="session timeout in seconds (default: from the profile)")
-@click.option("--heartbeat-timeout", type=float, default=None,
-              help="NELI heartbeat timeout in seconds (default: a third of the session)")
+@setting_option("profile", "--profile", help="timing profile the deployments use")
+@setting_option("group_protocol", "--group-protocol", default="auto", show_default=True,
+                help="group protocol the deployments use")
+@setting_option("session_timeout", "--session-timeout")
+@setting_option("heartbeat_timeout", "--heartbeat-timeout")
 @json_option
 def doctor(target: Target, profile: str, group_protocol: str, session_timeout: float | None,
            heartbeat_timeout: float | None, as_json: bool) -> int:

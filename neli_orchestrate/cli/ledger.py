@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import click
 from rich.markup import escape
 
-from neli_orchestrate.cli._context import Target, connection_options
+from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, stderr, table, when
-from neli_orchestrate.core.config import PROFILES
 from neli_orchestrate.errors import KafkaUnavailableError, NeliError
 from neli_orchestrate.ledger import RunState
-from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory, read_history
+from neli_orchestrate.ledger.history import LedgerHistory, read_history
+from neli_orchestrate.observe import entry_data
+from neli_orchestrate.settings import NeliSettings, parse
 
 __all__ = ["ledger"]
 
@@ -29,25 +29,7 @@ def _read(target: Target, roles: list[str] | None) -> LedgerHistory:
         raise fail(str(exc)) from None
 
 
-def _entry_json(entry: HistoryEntry) -> dict[str, Any]:
-    record = entry.record
-    data: dict[str, Any] = {
-        "role": entry.role, "run_key": entry.run_key, "partition": entry.partition,
-        "offset": entry.offset, "timestamp": when(entry.timestamp),
-    }
-    if record is not None:
-        data.update({
-            "state": record.state.value, "token": record.token,
-            "deployment": record.deployment, "member": record.member,
-            "attempt": record.attempt, "at": when(record.at),
-            "handoff_deadline": when(record.handoff_deadline) or None,
-            "reason": record.reason,
-        })
-    elif entry.error is not None:
-        data["error"] = entry.error
-    else:
-        data["tombstone"] = True
-    return data
+_entry_json = entry_data
 
 
 def _warn_about(history: LedgerHistory, as_json: bool) -> list[str]:
@@ -181,30 +163,25 @@ def history(target: Target, role: str, run_key: str, as_json: bool) -> int:
 @click.argument("run_key")
 @click.option("--reason", required=True,
               help="who asks and why; written to the ledger for the audit trail")
-@click.option("--deployment", envvar="NELI_DEPLOYMENT",
-              default=lambda: f"cli@{socket.gethostname()}", show_default="cli@<host>",
-              help="who is recorded as resetting it [env NELI_DEPLOYMENT]")
-@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
-              show_default=True, help="timing profile of the role's group")
-@click.option("--group-protocol", type=click.Choice(["auto", "classic", "consumer"]),
-              default="auto", show_default=True, help="group protocol of the role's group")
-@click.option("--acquire-timeout", type=float, default=60.0, show_default=True,
-              help="seconds to wait to lead the role (only the leader writes the ledger)")
+@setting_option("deployment", "--deployment", envvar="NELI_DEPLOYMENT", show_envvar=True,
+                required=False, default=lambda: f"cli@{socket.gethostname()}",
+                show_default="cli@<host>", help="who is recorded as resetting it")
+@setting_option("profile", "--profile", help="timing profile of the role's group")
+@setting_option("group_protocol", "--group-protocol", help="group protocol of the role's group")
+@setting_option("acquire_timeout", "--acquire-timeout",
+                help="seconds to wait to lead the role (only the leader writes the ledger)")
 @json_option
 def reset(target: Target, role: str, run_key: str, reason: str, deployment: str, profile: str,
-          group_protocol: str, acquire_timeout: float, as_json: bool) -> int:
+          group_protocol: str | None, acquire_timeout: float, as_json: bool) -> int:
     """Reset a COMPLETED or FAILED run key so its next run starts over (Singleton.reset)."""
-    from neli_orchestrate.core import NeliConfig
-    from neli_orchestrate.singleton import Singleton, SingletonConfig
+    from neli_orchestrate.singleton import Singleton
 
     try:
-        config = SingletonConfig(
-            neli=NeliConfig(bootstrap_servers=target.bootstrap_servers, profile=profile,
-                            group_protocol=group_protocol,  # type: ignore[arg-type]
-                            kafka_config=dict(target.kafka_config)),
-            namespace=target.namespace, ledger_topic=target.ledger_topic_option,
-            deployment=deployment, acquire_timeout=acquire_timeout)
-        with progress(f"leading role {role} to reset {run_key}"), Singleton(config) as single:
+        settings = parse(NeliSettings, {**dict(target), "deployment": deployment,
+                                        "profile": profile, "group_protocol": group_protocol,
+                                        "acquire_timeout": acquire_timeout}, where="option")
+        with progress(f"leading role {role} to reset {run_key}"), \
+                Singleton(settings.singleton_config()) as single:
             record = single.reset(role, run_key, reason)
     except NeliError as exc:
         raise fail(str(exc)) from None

@@ -45,9 +45,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
 
-from neli_orchestrate.cli._context import Target, connection_options
+from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import stderr
-from neli_orchestrate.core.config import PROFILES
 from neli_orchestrate.errors import (
     AuthorizationError,
     ConfigError,
@@ -361,21 +360,14 @@ class _Settings:
     ping_interval: float
 
 
-def _singleton(target: Target, *, deployment: str, profile: str, group_protocol: str,
-               session_timeout: float | None, heartbeat_timeout: float | None,
-               acquire_timeout: float, handoff_timeout: float, max_attempts: int | None) -> Any:
-    from neli_orchestrate.core import NeliConfig
-    from neli_orchestrate.singleton import Singleton, SingletonConfig
+def _singleton(target: Target, **values: Any) -> Any:
+    """The Singleton of this deployment, from the cluster options and the settings options
+    (one conversion: :meth:`NeliSettings.singleton_config`)."""
+    from neli_orchestrate.settings import NeliSettings, parse
+    from neli_orchestrate.singleton import Singleton
 
-    neli = NeliConfig(bootstrap_servers=target.bootstrap_servers, profile=profile,
-                      group_protocol=group_protocol,  # type: ignore[arg-type]
-                      session_timeout=session_timeout, heartbeat_timeout=heartbeat_timeout,
-                      kafka_config=dict(target.kafka_config))
-    config = SingletonConfig(neli=neli, namespace=target.namespace,
-                             ledger_topic=target.ledger_topic_option, deployment=deployment,
-                             acquire_timeout=acquire_timeout, handoff_timeout=handoff_timeout,
-                             max_attempts=max_attempts)
-    return Singleton(config)
+    settings = parse(NeliSettings, {**dict(target), **values}, where="option")
+    return Singleton(settings.singleton_config())
 
 
 def _result(as_json: bool, data: dict[str, Any], text: str | None, *, err: bool = False) -> None:
@@ -559,9 +551,9 @@ def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float, float
 @click.option("--hold", "hold_mode", is_flag=True,
               help="keep COMMAND running while this deployment leads ROLE (restart it when "
                    "leading again) instead of running it once")
-@click.option("--deployment", "-d", envvar="NELI_DEPLOYMENT", default=socket.gethostname,
-              show_default="this host's name",
-              help="this deployment (region), recorded in the ledger [env NELI_DEPLOYMENT]")
+@setting_option("deployment", "--deployment", "-d", envvar="NELI_DEPLOYMENT",
+                show_envvar=True, required=False, default=socket.gethostname,
+                show_default="this host's name")
 @click.option("--timezone", "timezone_name", default="utc", show_default=True,
               help="zone of the run-key template's time: utc, local or an IANA name")
 @click.option("--schedule", default=None, metavar="CRON",
@@ -572,27 +564,23 @@ def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float, float
 @click.option("--grace", type=float, default=None,
               help="seconds between SIGTERM and SIGKILL when COMMAND is stopped (default and "
                    "limit: half of session timeout minus heartbeat timeout)")
-@click.option("--handoff-timeout", type=float, default=300.0, show_default=True,
-              help="seconds a FAILED run waits for its own deployment to retry before another "
-                   "may take it over")
-@click.option("--max-attempts", type=int, default=None,
-              help="attempts before the run key fails for good (default: no limit)")
+@setting_option("handoff_timeout", "--handoff-timeout",
+                help="seconds a FAILED run waits for its own deployment to retry before another "
+                     "may take it over")
+@setting_option("max_attempts", "--max-attempts")
 @click.option("--restart-delay", type=float, default=5.0, show_default=True,
               help="--hold: seconds before contending again after COMMAND exited")
-@click.option("--profile", type=click.Choice(sorted(PROFILES)), default="default",
-              show_default=True, help="timing profile of the role's group")
-@click.option("--group-protocol", type=click.Choice(["auto", "classic", "consumer"]),
-              default="auto", show_default=True, help="group protocol of the role's group")
-@click.option("--session-timeout", type=float, default=None,
-              help="session timeout in seconds (default: from the profile)")
-@click.option("--heartbeat-timeout", type=float, default=None,
-              help="NELI heartbeat timeout in seconds (default: a third of the session)")
+@setting_option("profile", "--profile", help="timing profile of the role's group")
+@setting_option("group_protocol", "--group-protocol", help="group protocol of the role's group")
+@setting_option("session_timeout", "--session-timeout")
+@setting_option("heartbeat_timeout", "--heartbeat-timeout")
 @click.option("--json", "as_json", is_flag=True, help="print the result as one JSON line")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(target: Target, role: str, run_key: str | None, hold_mode: bool, deployment: str,
         timezone_name: str, schedule: str | None, wait_timeout: float, grace: float | None,
         handoff_timeout: float, max_attempts: int | None, restart_delay: float, profile: str,
-        group_protocol: str, session_timeout: float | None, heartbeat_timeout: float | None,
+        group_protocol: str | None, session_timeout: float | None,
+        heartbeat_timeout: float | None,
         as_json: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND once across every deployment of the namespace (or hold it while leading).
 

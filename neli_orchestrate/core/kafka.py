@@ -209,6 +209,11 @@ class LeaderTopicAdmin(Protocol):
         """Return the group's dynamic settings, or None if they cannot be read."""
         ...
 
+    def group_members(self, group_id: str, timeout: float) -> int:
+        """How many members the consumer group has now; read-only (no join). Raises
+        AuthorizationError or KafkaUnavailableError."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -598,6 +603,24 @@ class _ConfluentAdmin:
         else:
             hint = "see the broker's answer above"
         return KafkaUnavailableError(f"{what} failed: {exc}; {hint}")
+
+    def group_members(self, group_id: str, timeout: float) -> int:
+        try:
+            futures = self._admin.describe_consumer_groups([group_id], request_timeout=timeout)
+            description = futures[group_id].result(timeout=timeout + 5)
+        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            what = f"describing consumer group {group_id!r}"
+            refused = self._login.error(self._admin, what, self._servers)
+            if refused is not None:
+                raise refused from exc
+            if is_authorization_error(exc):
+                raise AuthorizationError(
+                    f"{what} was denied ({exc}): grant READ (or DESCRIBE) on it;"
+                    f" docs/security.md lists every ACL") from exc
+            raise KafkaUnavailableError(
+                f"cannot describe consumer group {group_id!r} at {self._servers}: {exc}"
+            ) from exc
+        return len(description.members or [])
 
     def partition_count(self, topic: str, timeout: float) -> int | None:
         from confluent_kafka import KafkaError, KafkaException

@@ -14,6 +14,13 @@ they were configured: ``SingletonConfig``, the Airflow hook and the Dagster reso
 :func:`derive`. There is no default namespace: two teams that both forgot to set one would
 otherwise fence each other's runs, or two front doors with different defaults would share a
 ledger but not a group.
+
+The derivation is injective: no two ``(namespace, role)`` pairs share a group id, a topic or a
+transactional id. A namespace therefore may not contain ``.``, the separator between namespace
+and role (``acme`` + ``billing.daily`` and ``acme.billing`` + ``daily`` would otherwise share the
+group ``acme.billing.daily``), nor ``:``, the separator of transactional ids. Roles may contain
+anything: everything after the namespace's first ``.`` is the role. See docs/upgrading.md for
+namespaces that contained a dot before.
 """
 
 from __future__ import annotations
@@ -25,9 +32,15 @@ from neli_orchestrate.errors import ConfigError
 
 __all__ = ["Namespace", "derive"]
 
-_LEGAL = re.compile(r"^[A-Za-z0-9._-]+$")
-# Kafka topic names are at most 249 characters; the longest derived name is "<ns>.ledger".
-_MAX_LENGTH = 249 - len(".ledger")
+# Topic characters without "." (the namespace/role separator; see the module docstring).
+_LEGAL_NAMESPACE = re.compile(r"^[A-Za-z0-9_-]+$")
+_LEGAL_TOPIC = re.compile(r"^[A-Za-z0-9._-]+$")
+_MAX_TOPIC = 249  # Kafka's limit on topic names (org.apache.kafka.common.internals.Topic)
+# The longest derived topic is "<ns>.ledger".
+_MAX_LENGTH = _MAX_TOPIC - len(".ledger")
+# Group and transactional ids have no limit of their own; the protocol sends them as STRING,
+# an int16 length in bytes of UTF-8.
+_MAX_ID_BYTES = 32767
 
 _HOW = ("set it in SingletonConfig(namespace=...), NeliResource(namespace=...) or the Airflow "
         "connection's 'namespace' extra ([neli] namespace); use the same value in every "
@@ -50,6 +63,10 @@ class Namespace:
         """The consumer group whose members contend to lead ``role``."""
         if not isinstance(role, str) or not role:
             raise ConfigError(f"role must be a non-empty string, got {role!r}")
+        # The role's transactional id (prefix + role) is the longer of its two ids.
+        if len(f"{self.transactional_id_prefix}{role}".encode()) > _MAX_ID_BYTES:
+            raise ConfigError(f"role {role[:40]!r}... is too long: its Kafka group and "
+                              f"transactional ids must fit in {_MAX_ID_BYTES} bytes")
         return f"{self.name}.{role}"
 
 
@@ -63,16 +80,27 @@ def derive(namespace: object, *, ledger_topic: str | None = None) -> Namespace:
         raise ConfigError(f"no namespace: a deployment must name the namespace it shares; {_HOW}")
     if not isinstance(namespace, str):
         raise ConfigError(f"namespace must be a string, not {type(namespace).__name__}")
-    if not _LEGAL.match(namespace) or namespace in (".", "..") or len(namespace) > _MAX_LENGTH:
+    if "." in namespace and _LEGAL_TOPIC.match(namespace):
         raise ConfigError(
-            f"namespace {namespace!r} cannot prefix Kafka topic names: use 1-{_MAX_LENGTH} of "
-            f"[A-Za-z0-9._-]"
+            f"namespace {namespace!r} contains '.', which separates the namespace from the role "
+            f"in group ids: namespace 'acme' with role 'billing.daily' and namespace "
+            f"'acme.billing' with role 'daily' would share one consumer group. Use '-' or '_' "
+            f"instead (e.g. {namespace.replace('.', '-')!r}); to keep an existing ledger pass "
+            f"ledger_topic={namespace + '.ledger'!r} (see docs/upgrading.md)"
+        )
+    if not _LEGAL_NAMESPACE.match(namespace) or len(namespace) > _MAX_LENGTH:
+        raise ConfigError(
+            f"namespace {namespace!r} cannot prefix Kafka topic names and group ids: use "
+            f"1-{_MAX_LENGTH} of [A-Za-z0-9_-] (no '.', the namespace/role separator)"
         )
     if ledger_topic is not None and (
-        not isinstance(ledger_topic, str) or not _LEGAL.match(ledger_topic)
-        or len(ledger_topic) > 249 or ledger_topic in (".", "..")
+        not isinstance(ledger_topic, str) or not _LEGAL_TOPIC.match(ledger_topic)
+        or len(ledger_topic) > _MAX_TOPIC or ledger_topic in (".", "..")
     ):
-        raise ConfigError(f"ledger_topic {ledger_topic!r} is not a legal Kafka topic name")
+        raise ConfigError(
+            f"ledger_topic {ledger_topic!r} is not a legal Kafka topic name: use 1-{_MAX_TOPIC} "
+            f"of [A-Za-z0-9._-]"
+        )
     return Namespace(
         name=namespace,
         leader_topic=f"{namespace}.neli",

@@ -23,20 +23,20 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Any, get_args
+from typing import Any
 
 import dagster as dg
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
-from neli_orchestrate.core import NeliConfig
-from neli_orchestrate.core.config import PROFILES, PROTECTED_KAFKA_SETTINGS, GroupProtocol
+from neli_orchestrate import settings
 from neli_orchestrate.dagster.run import NeliRun, default_role, default_run_key
 from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import FencedError, StaleTokenError
 from neli_orchestrate.ledger import LedgerRecord
 from neli_orchestrate.metrics import MetricEvent
+from neli_orchestrate.observe import Overview, collect_overview
 from neli_orchestrate.singleton import Reservation, Singleton, SingletonConfig
 
 logger = logging.getLogger(__name__)
@@ -72,69 +72,22 @@ class NeliResource(dg.ConfigurableResource):
        ``neli_orchestrate.spark.write_parquet_fenced``).
     """
 
-    bootstrap_servers: str = Field(
-        min_length=1,
-        description="Kafka bootstrap servers shared by every deployment, e.g. 'kafka:9092'.",
-    )
-    deployment: str = Field(
-        min_length=1,
-        pattern=r"\S",
-        description="Id of this Dagster deployment (region), e.g. 'us-east-1'; unique per "
-        "deployment, recorded in the run ledger.",
-    )
-    namespace: str = Field(
-        description="Namespace every Kafka name derives from (role groups '<namespace>.<role>', "
-        "leader topic '<namespace>.neli', ledger '<namespace>.ledger'). Required; the same in "
-        "every deployment that shares runs, whatever front door it uses.",
-    )
-    ledger_topic: str | None = Field(
-        default=None,
-        description="Compacted run-ledger topic (None: '<namespace>.ledger'); the same in "
-        "every deployment.",
-    )
-    kafka_config: dict[str, str] = Field(
-        default_factory=dict,
-        description="Extra librdkafka settings (security.protocol, sasl.*, ssl.*); pass "
-        "secrets as EnvVar. Settings the protocol depends on are refused.",
-    )
-    group_protocol: str | None = Field(
-        default=None,
-        description="Kafka group protocol of the roles' consumer groups: None or 'auto' "
-        "(KIP-848 when the broker supports it and accepts the session timeout, else classic; "
-        "the choice is logged), 'consumer' (KIP-848) or 'classic'.",
-    )
-    handoff_timeout: float = Field(
-        default=300.0,
-        ge=0,
-        description="Seconds another deployment's CLAIMED record is respected before this "
-        "deployment may take the run over.",
-    )
-    acquire_timeout: float = Field(
-        default=60.0,
-        gt=0,
-        description="Seconds one attempt waits to become leader of the role.",
-    )
-    profile: str = Field(
-        default="default",
-        description="NELI timing profile: 'default' (conservative, clusters across regions) or "
-        "'fast' (loopback or one data centre; needs a broker allowing short sessions).",
-    )
-    session_timeout: float | None = Field(
-        default=None,
-        gt=0,
-        description="Kafka group session timeout in seconds (None: from the profile); a paused "
-        "or cut-off deployment loses the role after about this long.",
-    )
-    heartbeat_timeout: float | None = Field(
-        default=None,
-        gt=0,
-        description="NELI heartbeat timeout in seconds (None: a third of the session timeout).",
-    )
-    max_attempts: int | None = Field(
-        default=None,
-        ge=1,
-        description="Attempts per run key before it is terminally FAILED (None: no limit).",
-    )
+    # The settings every front door shares: declared once in neli_orchestrate.settings (default,
+    # bounds, description); Dagster needs the fields on the class, so each is a copy of that
+    # declaration (tests/test_settings.py fails if one drifts).
+    bootstrap_servers: str = settings.field("bootstrap_servers")
+    deployment: str = settings.field("deployment")
+    namespace: str = settings.field("namespace")
+    ledger_topic: str | None = settings.field("ledger_topic")
+    kafka_config: dict[str, str] = settings.field("kafka_config")
+    group_protocol: str | None = settings.field("group_protocol")
+    handoff_timeout: float = settings.field("handoff_timeout")
+    acquire_timeout: float = settings.field("acquire_timeout")
+    profile: str = settings.field("profile")
+    session_timeout: float | None = settings.field("session_timeout")
+    heartbeat_timeout: float | None = settings.field("heartbeat_timeout")
+    max_attempts: int | None = settings.field("max_attempts")
+    # Dagster's own: how a step waits while another deployment holds the run.
     wait_timeout: float = Field(
         default=300.0,
         ge=0,
@@ -163,59 +116,24 @@ class NeliResource(dg.ConfigurableResource):
 
     # -- configuration ---------------------------------------------------------------------
 
-    @field_validator("profile")
-    @classmethod
-    def _known_profile(cls, value: str) -> str:
-        if value not in PROFILES:
-            raise ValueError(f"unknown profile {value!r}; choose one of {sorted(PROFILES)}")
-        return value
-
-    @field_validator("group_protocol")
-    @classmethod
-    def _known_group_protocol(cls, value: str | None) -> str | None:
-        choices = get_args(GroupProtocol)
-        if value is not None and value not in choices:
-            raise ValueError(f"unknown group protocol {value!r}; choose one of {list(choices)}")
-        return value
-
-    @field_validator("kafka_config")
-    @classmethod
-    def _unprotected_settings(cls, value: dict[str, str]) -> dict[str, str]:
-        refused = [f"{key!r}: {PROTECTED_KAFKA_SETTINGS[key]}" for key in value
-                   if key in PROTECTED_KAFKA_SETTINGS]
-        if refused:
-            raise ValueError("settings the protocol owns: " + "; ".join(refused))
-        return value
-
     @model_validator(mode="after")
     def _consistent(self) -> NeliResource:
-        # Cross-field guard rails (heartbeat vs session timeout, ...) of the core, at definition.
+        # Each setting's own checks (profile, group protocol, protected Kafka settings) and the
+        # core's cross-field guard rails (heartbeat vs session timeout, ...), at definition.
         # EnvVar fields hold the variable's name until run time, which these checks never read.
-        self.singleton_config()
+        self.neli_settings().check()
         return self
+
+    def neli_settings(self) -> settings.NeliSettings:
+        """The resource's shared settings (:class:`neli_orchestrate.settings.NeliSettings`)."""
+        shared = {name: getattr(self, name) for name in settings.NeliSettings.model_fields
+                  if name in type(self).model_fields}
+        return settings.NeliSettings(**shared)
 
     def singleton_config(self) -> SingletonConfig:
         """Return the singleton configuration; ConfigError names any invalid field."""
-        neli_kwargs: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap_servers,
-            "kafka_config": dict(self.kafka_config),
-            "profile": self.profile,
-        }
-        if self.group_protocol is not None:
-            neli_kwargs["group_protocol"] = self.group_protocol
-        if self.session_timeout is not None:
-            neli_kwargs["session_timeout"] = self.session_timeout
-        if self.heartbeat_timeout is not None:
-            neli_kwargs["heartbeat_timeout"] = self.heartbeat_timeout
-        return SingletonConfig(
-            neli=NeliConfig(**neli_kwargs),
-            deployment=self.deployment,
-            namespace=self.namespace,
-            ledger_topic=self.ledger_topic,
-            handoff_timeout=self.handoff_timeout,
-            acquire_timeout=self.acquire_timeout,
-            max_attempts=self.max_attempts,
-        )
+        config: SingletonConfig = self.neli_settings().singleton_config()
+        return config
 
     def get_singleton(self) -> Singleton:
         """Return this process's :class:`Singleton` (created on first use; no Kafka yet)."""
@@ -236,6 +154,11 @@ class NeliResource(dg.ConfigurableResource):
     def status(self, role: str, run_key: str) -> LedgerRecord | None:
         """Return the latest ledger record of ``role``/``run_key`` (None if never claimed)."""
         return self.get_singleton().status(role, run_key)
+
+    def overview(self, roles: Sequence[str] = (), run_key: str | None = None) -> Overview:
+        """Who leads each role (every role of the namespace if empty), its members and the
+        latest ledger entries: the read model the CLI and the Airflow page show."""
+        return collect_overview(self.neli_settings(), self.deployment, roles, run_key)
 
     def reset(self, role: str, run_key: str, reason: str) -> LedgerRecord:
         """Reset a finished run key so that its next run computes it again (audited).
@@ -330,19 +253,7 @@ class NeliResource(dg.ConfigurableResource):
                 raise _give_up_failure(self.deployment, role, run_key, claim.record)
             if claim.outcome is not Outcome.WAIT:
                 stack.push(attempt.pop_all())
-                should_run = claim.should_run
-                return NeliRun(
-                    role=role,
-                    run_key=run_key,
-                    deployment=self.deployment,
-                    outcome=claim.outcome,
-                    should_run=should_run,
-                    token=claim.token if should_run else None,
-                    record=claim.record,
-                    handle=claim,
-                    log=context.log,
-                    time_to_lead=self._clock() - began,
-                )
+                return NeliRun(claim, log=context.log, time_to_lead=self._clock() - began)
             attempt.close()  # leave the group at once: the holder may need it to finish
             self._wait_or_give_up(deadline, role, run_key, claim.reason, context)
 

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.spark.conf import SparkJobCanceller, cancel_on_fence, neli_spark_conf
+from neli_orchestrate.spark.conf import SparkJobCanceller, cancel_on_fence
 
 if TYPE_CHECKING:
+    from neli_orchestrate.claim import Claim
     from neli_orchestrate.decision import Outcome
     from neli_orchestrate.ledger import LedgerRecord
+    from neli_orchestrate.singleton import Run
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +30,10 @@ FenceCallback = Callable[[str], Any]
 
 # Tag the Dagster docs suggest for runs of scheduled jobs; the same tick in every deployment.
 SCHEDULED_EXECUTION_TIME_TAG = "dagster/scheduled_execution_time"
+
+
+#: What a NeliRun reads from the singleton's Run it wraps.
+_FROM_RUN = frozenset({"role", "run_key", "deployment", "outcome", "token", "record", "reason"})
 
 
 class NeliRun:
@@ -41,52 +47,62 @@ class NeliRun:
        call :meth:`check` between units of work (or register its own :meth:`on_fence`).
     """
 
+    #: The role: the asset key (``a/b``) or the op, unless given.
+    role: str
+    #: The run key: the partition key, unless given.
+    run_key: str
+    #: This deployment's id.
+    deployment: str
+    #: What the decision table decided (RUN, TAKE_OVER, RETRY, SKIP_DONE, ...).
+    outcome: Outcome
+    #: The fencing token when :attr:`should_run`, else None.
+    token: int | None
+    #: The latest ledger record the decision saw (for a skip: who completed the run).
+    record: LedgerRecord | None
+    #: Why the decision table decided as it did.
+    reason: str
+
     def __init__(
         self,
+        run: Run,
         *,
-        role: str,
-        run_key: str,
-        deployment: str,
-        outcome: Outcome,
-        should_run: bool,
-        token: int | None,
-        record: LedgerRecord | None,
-        handle: Any | None,
         log: Any | None = None,
         time_to_lead: float | None = None,
     ) -> None:
-        self.role = role
-        self.run_key = run_key
-        self.deployment = deployment
-        self.outcome = outcome
-        self.token = token
-        self.record = record
-        #: Why the decision table decided as it did (from the singleton layer).
-        self.reason: str = str(getattr(handle, "reason", "") or "")
-        self._should_run = should_run
-        self._handle = handle
+        self._run = run
         # Dagster's logger of the step (context.log): a fence must show in the run's event log.
         self._log = log
         #: Wall-clock time this deployment started the run (None where it does not run).
-        self.started_at: float | None = time.time() if should_run else None
+        self.started_at: float | None = time.time() if run.should_run else None
         #: Seconds from the step's first claim attempt to holding the claim (waits included).
-        self.time_to_lead = time_to_lead if should_run else None
+        self.time_to_lead = time_to_lead if run.should_run else None
         self._fenced = threading.Event()
         self._fence_reason: str | None = None
-        if handle is not None and should_run:
+        if run.should_run:
             # Registered first, so the run knows it was fenced before user callbacks run and
             # before the cancelled work's exception reaches the step.
-            handle.on_fence(self._note_fence)
+            run.on_fence(self._note_fence)
+
+    def __getattr__(self, name: str) -> Any:
+        # The singleton's answer, as the step sees it (the attributes annotated above).
+        if name in _FROM_RUN:
+            return getattr(self._run, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def claim(self) -> Claim | None:
+        """The claim this deployment holds (None unless :attr:`should_run`)."""
+        return self._run.claim
 
     @property
     def should_run(self) -> bool:
         """True when this deployment holds the claim and must do the work now."""
-        return self._should_run
+        return self._run.should_run
 
     @property
     def fenced(self) -> bool:
         """True once the watchdog reported that this member lost the role."""
-        return self._fenced.is_set() or bool(getattr(self._handle, "fenced", False))
+        return self._fenced.is_set() or self._run.fenced
 
     @property
     def fence_reason(self) -> str | None:
@@ -116,30 +132,30 @@ class NeliRun:
 
         Inside ``neli.singleton(...)`` the error becomes a ``dagster.Failure`` without retry.
         """
-        if self._handle is None or not self._should_run:
-            return
-        self._handle.check()
+        if self.should_run:
+            self._run.check()
 
     def on_fence(self, callback: FenceCallback) -> None:
         """Call ``callback(reason)`` from the watchdog thread when the run is fenced.
 
         Callbacks must be quick and must not raise; they run before the step fails.
         """
-        if self._handle is None or not self._should_run:
+        if not self.should_run:
             raise ConfigError(
                 f"on_fence() needs a run that executes here; run key {self.run_key!r} of role "
                 f"{self.role!r} has outcome {self.outcome} (check run.should_run first)"
             )
-        self._handle.on_fence(callback)
+        self._run.on_fence(callback)
 
     def spark_conf(self) -> dict[str, str]:
         """Return the ``spark.neli.*`` conf that hands the token to a spark-submit job."""
-        if self.token is None:
+        claim = self.claim
+        if claim is None:
             raise ConfigError(
                 f"run key {self.run_key!r} of role {self.role!r} has no token here "
                 f"(outcome {self.outcome}); only a run that executes gets one"
             )
-        return neli_spark_conf(self.token, self.run_key, self.role, self.deployment)
+        return claim.spark_conf()
 
     def cancel_spark_on_fence(self, spark: Any) -> SparkJobCanceller:
         """Tag this thread's Spark jobs so a fence cancels them; use as a context manager.

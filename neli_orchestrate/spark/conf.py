@@ -25,38 +25,26 @@ import importlib.util
 import logging
 import sys
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from neli_orchestrate.claim import (  # noqa: F401 - the Spark conf names, re-exported
+    ATTEMPT_CONF,
+    DEPLOYMENT_CONF,
+    ROLE_CONF,
+    RUN_KEY_CONF,
+    TOKEN_CONF,
+    Claim,
+)
 from neli_orchestrate.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-TOKEN_CONF = "spark.neli.token"
-RUN_KEY_CONF = "spark.neli.run_key"
-ROLE_CONF = "spark.neli.role"
-DEPLOYMENT_CONF = "spark.neli.deployment"
-ATTEMPT_CONF = "spark.neli.attempt"
-
-
-@dataclass(frozen=True)
-class NeliSparkConf:
-    """The singleton run a Spark job acts for: fencing token, run key, role, deployment."""
-
-    token: int
-    run_key: str
-    role: str | None = None
-    deployment: str | None = None
-    attempt: int = 0
-
-    def to_spark_conf(self) -> dict[str, str]:
-        """Return the ``spark.neli.*`` entries for ``spark-submit --conf`` / operator ``conf``."""
-        return neli_spark_conf(
-            self.token, self.run_key, self.role, self.deployment, attempt=self.attempt
-        )
+#: The claim a Spark job acts for (token, run key, role, deployment, attempt): the one claim
+#: type, whose Spark conf form (``spark.neli.*``) is written and read in
+#: :mod:`neli_orchestrate.claim`.
+NeliSparkConf = Claim
 
 
 def neli_spark_conf(
@@ -71,82 +59,17 @@ def neli_spark_conf(
 
     Accepts the gate's XCom dict as keywords: ``neli_spark_conf(**xcom)``.
     """
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise ConfigError(f"token must be a non-negative int, got {token!r}")
-    if not isinstance(run_key, str) or not run_key:
-        raise ConfigError(f"run_key must be a non-empty string, got {run_key!r}")
-    conf = {TOKEN_CONF: str(token), RUN_KEY_CONF: run_key}
-    if role is not None:
-        conf[ROLE_CONF] = role
-    if deployment is not None:
-        conf[DEPLOYMENT_CONF] = deployment
-    if attempt is not None:
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise ConfigError(f"attempt must be a non-negative int, got {attempt!r}")
-        conf[ATTEMPT_CONF] = str(attempt)
-    return conf
+    return Claim(token=token, run_key=run_key, role=role, deployment=deployment,
+                 attempt=0 if attempt is None else attempt).spark_conf()
 
 
-def _conf_getter(source: Any) -> Any:
-    if isinstance(source, Mapping):
-        return lambda key: source.get(key)
-    if hasattr(source, "getConf"):  # SparkContext
-        conf = source.getConf()
-        return lambda key: conf.get(key, None)
-    if hasattr(source, "conf") and not hasattr(source, "getAll"):  # SparkSession
-        try:
-            conf = source.sparkContext.getConf()  # classic: everything spark-submit was given
-            return lambda key: conf.get(key, None)
-        except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext
-            runtime = source.conf
-            return lambda key: runtime.get(key, None)
-    if hasattr(source, "get"):  # SparkConf, RuntimeConfig
-        return lambda key: source.get(key, None)
-    raise TypeError(
-        "read_neli_conf() needs a SparkSession, SparkContext, SparkConf or mapping, "
-        f"got {type(source).__name__}"
-    )
-
-
-def read_neli_conf(source: Any) -> NeliSparkConf:
+def read_neli_conf(source: Any) -> Claim:
     """Read the run's token and run key from Spark conf; ConfigError names what is missing.
 
     ``source`` is a SparkSession, SparkContext, SparkConf (``SparkConf()`` works in a
     spark-submit driver before any context exists) or a plain mapping.
     """
-    get = _conf_getter(source)
-    raw_token = get(TOKEN_CONF)
-    raw_run_key = get(RUN_KEY_CONF)
-    missing = [
-        key
-        for key, value in ((TOKEN_CONF, raw_token), (RUN_KEY_CONF, raw_run_key))
-        if value in (None, "")
-    ]
-    if missing:
-        raise ConfigError(
-            f"Spark conf {', '.join(missing)} missing: this job publishes through the token "
-            f"commit guard and needs the run's fencing token; submit it with "
-            f"--conf {TOKEN_CONF}=<token> --conf {RUN_KEY_CONF}=<run key> "
-            "(FencedSparkSubmitOperator and neli_spark_conf() do this)"
-        )
-    try:
-        token = int(raw_token)
-    except ValueError:
-        raise ConfigError(f"Spark conf {TOKEN_CONF}={raw_token!r} is not an integer") from None
-    if token < 0:
-        raise ConfigError(f"Spark conf {TOKEN_CONF}={raw_token!r} must not be negative")
-    raw_attempt = get(ATTEMPT_CONF)
-    try:
-        attempt = int(raw_attempt) if raw_attempt not in (None, "") else 0
-    except ValueError:
-        raise ConfigError(f"Spark conf {ATTEMPT_CONF}={raw_attempt!r} is not an integer") from None
-    return NeliSparkConf(
-        token=token,
-        run_key=str(raw_run_key),
-        role=get(ROLE_CONF) or None,
-        deployment=get(DEPLOYMENT_CONF) or None,
-        attempt=attempt,
-    )
+    return Claim.from_spark_conf(source)
 
 
 def spark_home() -> Path:

@@ -14,6 +14,9 @@ Fixtures:
   ask for it pay nothing. It fails, never skips, when the broker cannot start.
 - ``secured_kafka_tls`` (session): the same over ``SASL_SSL``, its certificate signed by a CA
   generated per broker (``secured_kafka_tls.ca_location``).
+- ``spark_cluster`` (session): a :class:`~neli_orchestrate.testing.spark_cluster.LocalSparkCluster`
+  (Spark standalone master + worker from the pyspark wheel, REST submission server on), started
+  on first request only. It fails, never skips, when the cluster cannot start.
 
 Markers registered here: ``kafka``, ``spark``, ``airflow``, ``dagster`` (tests that need the
 named real component).
@@ -130,6 +133,23 @@ def kafka_broker() -> Iterator[str]:
         # retries its connection and librdkafka prints "Connect ... refused" at exit.
         gc.collect()
         kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[Any]:
+    """A real Spark standalone cluster (master + one worker) on loopback for this session."""
+    from neli_orchestrate.testing.spark_cluster import LocalSparkCluster, LocalSparkError
+
+    cluster = LocalSparkCluster()
+    try:
+        cluster.start()
+    except LocalSparkError as exc:
+        cluster.stop()
+        pytest.fail(f"Spark standalone cluster could not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

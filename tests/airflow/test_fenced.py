@@ -21,7 +21,11 @@ from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
+from neli_orchestrate.airflow.operators.fenced import (
+    FencedExecutionMixin,
+    fence_downstream,
+    fenced,
+)
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
 from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
 from neli_orchestrate.errors import AcquireTimeoutError, FencedError, SkippedRun
@@ -65,6 +69,7 @@ class XComTI:
 
     try_number = 1
     map_index = -1
+    stats_tags: dict[str, str] = {}  # noqa: RUF012 - read by the resumable job
 
     def __init__(self, claim: Any) -> None:
         self.claim = claim
@@ -167,6 +172,73 @@ def test_spark_job_gets_the_token_of_the_current_claim_as_spark_conf(fake, monke
         "spark.neli.deployment": A,
         "spark.neli.attempt": "1",
     }
+
+
+class StateStore:
+    """Airflow 3.3's task state store as the resumable job sees it (get/set by key)."""
+
+    def __init__(self, **values: Any) -> None:
+        self.values = dict(values)
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        self.values[key] = value
+
+
+def test_a_new_claim_submits_a_new_application_instead_of_resuming_an_earlier_tries(
+    fake, monkeypatch
+) -> None:
+    # Standalone cluster mode: the stock operator is a resumable job (durable=True). An earlier
+    # try stored its driver id; that driver FINISHED under an older token. Resuming it would
+    # record COMPLETED under token 12 although nothing ran under it.
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CLUSTER",
+        '{"conn_type": "spark", "host": "spark://127.0.0.1:7077", '
+        '"extra": {"deploy-mode": "cluster"}}',
+    )
+    calls: list[str] = []
+    monkeypatch.setattr(SparkSubmitOperator, "get_job_status",
+                        lambda self, external_id, ctx: calls.append(f"status {external_id}")
+                        or "FINISHED")
+    monkeypatch.setattr(SparkSubmitOperator, "submit_job",
+                        lambda self, ctx: calls.append(f"submit {self.conf['spark.neli.token']}")
+                        or "driver-new")
+    monkeypatch.setattr(SparkSubmitOperator, "poll_until_complete",
+                        lambda self, external_id, ctx: calls.append(f"poll {external_id}"))
+    fake.run_token = 12
+    task = dag_with(lambda: SparkSubmitOperator(task_id="job", application="job.py",
+                                                conn_id="spark_cluster"))
+    fence_downstream(task.dag)  # what the cluster policy does when Airflow loads the file
+    assert task.durable is True  # the provider's default
+    context = context_for(task, claim(5))
+    context["ti"].task = task
+    context["task_state_store"] = StateStore(spark_job_id="driver-old")
+    task.execute(context)
+    assert calls == ["submit 12", "poll driver-new"]
+    assert task.durable is False
+
+
+def test_a_submission_that_would_return_early_fails_before_anything_is_claimed(
+    fake, monkeypatch
+) -> None:
+    # The connection (not the DAG file) makes it YARN cluster mode: refused at run time, from
+    # the provider's own parsing, before the singleton runs anything.
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_YARN",
+        '{"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}',
+    )
+    task = dag_with(lambda: SparkSubmitOperator(
+        task_id="job", application="job.py", conn_id="spark_yarn", durable=False,
+        conf={"spark.yarn.submit.waitAppCompletion": "{{ 'false' }}"}))
+    fence_downstream(task.dag)  # templated: not refused at import
+    task.render_template_fields({})
+    context = context_for(task, claim(5))
+    context["ti"].task = task
+    with pytest.raises(AirflowFailException, match="yarn_track_via_rm_api=True"):
+        task.execute(context)
+    assert fake.calls == []
 
 
 def test_completed_elsewhere_skips_the_task(fake) -> None:
@@ -325,3 +397,112 @@ def test_real_ledger_fenced_task_completes_once_then_skips_and_superseded_fails(
     with pytest.raises(AcquireTimeoutError) as failed:
         late.execute(context_for(late, stale))
     assert B in str(failed.value) and str(second.token) in str(failed.value)
+
+
+# -- stop first, then record, then release: real Airflow task runner, real broker ------------
+
+STOP_FIRST_DAG = '''
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+import psutil
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG
+
+from neli_orchestrate.airflow import LeaderGateOperator
+from neli_orchestrate.core.neli import Neli
+from neli_orchestrate.ledger.kafka import KafkaLedgerWriter
+
+PID = Path({pid!r})
+PROBE = Path({probe!r})
+
+
+def _alive():
+    """Is the work's process alive right now? None before the work started it."""
+    text = PID.read_text().strip() if PID.exists() else ""
+    if not text:
+        return None
+    try:
+        return psutil.Process(int(text)).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _note(what):
+    with PROBE.open("a") as probe:
+        probe.write(f"{{what}} {{_alive()}}\\n")
+
+
+# The probe: at the moment a ledger record is written and a member leaves its group, note
+# whether the work's process still runs (this file runs in the task process).
+_write, _close = KafkaLedgerWriter.write, Neli.close
+
+
+def write(self, record):
+    _note(f"record:{{record.state}}")
+    return _write(self, record)
+
+
+def close(self):
+    _note("leave")
+    return _close(self)
+
+
+KafkaLedgerWriter.write, Neli.close = write, close
+
+with DAG("stop_first", schedule=None, start_date=pendulum.datetime(2013, 1, 1, tz="UTC")):
+    gate = LeaderGateOperator(task_id="gate", role="stop_first", poke_interval=1,
+                              acquire_timeout=30, run_acquire_timeout=30)
+    gate >> BashOperator(task_id="job", bash_command="sleep 20 & echo $! > {pid}; wait",
+                         execution_timeout=timedelta(seconds=2), retries=0)
+'''
+
+
+@pytest.mark.kafka
+def test_execution_timeout_stops_the_work_before_failed_is_recorded_and_the_group_left(
+    tmp_path, neli_conn
+) -> None:
+    import json as _json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from dagtest_runner import run_dag
+
+    pid, probe = tmp_path / "sleep.pid", tmp_path / "probe.txt"
+    conn = neli_conn(A, conn_id="neli_default")
+    started = time.monotonic()
+    result = run_dag(
+        tmp_path,
+        STOP_FIRST_DAG.format(pid=str(pid), probe=str(probe)),
+        "stop_first",
+        connections={"neli_default": {"conn_type": "neli", "host": conn.host,
+                                      "extra": _json.loads(conn.extra)}},
+    )
+    took = time.monotonic() - started
+    assert "AirflowTaskTimeout" in result.output, result.output[-4000:]
+    notes = [line.split() for line in probe.read_text().splitlines()]
+    during = [(what, alive) for what, alive in notes if alive != "None"]
+    # Once the work had started, every record and every leave found its process gone.
+    assert ("record:FAILED", "False") in during, (during, result.output[-3000:])
+    assert ("leave", "False") in during, during
+    assert all(alive == "False" for _, alive in during), during
+    assert took < 60, f"the 20 s sleep was not cut short ({took:.0f} s)"
+    with NeliHook(conn.conn_id, connection=conn).get_singleton() as singleton:
+        record = singleton.status("stop_first", "stop_first/2013-01-01T00:00:00+00:00")
+    assert record is not None and record.state is RunState.FAILED, record
+    assert "AirflowTaskTimeout" in (record.reason or ""), record
+
+
+def test_the_docs_say_what_a_fence_raises() -> None:
+    # docs/airflow.md once said a fence raised AirflowFailException "without retries" while the
+    # code raised a retryable AirflowException (the tests above pin the code's choice).
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "airflow.md").read_text()
+    fenced_task = text[text.index("### The fenced task"):]
+    fenced_task = fenced_task[:fenced_task.index("\n## ")]
+    assert "without retries" not in fenced_task
+    assert "a fence fails this try, not the run" in fenced_task
+    assert "*final* fence" in fenced_task and "`AirflowFailException`" in fenced_task

@@ -122,6 +122,25 @@ UNFENCEABLE = {
         '[gate, g2] >> BashOperator(task_id="a", bash_command="true")',
         "also directly downstream of gate(s)",
     ),
+    "spark-submit that returns at submission (YARN)": (
+        "from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator\n"
+        'gate >> SparkSubmitOperator(task_id="a", application="job.py", deploy_mode="cluster", '
+        'conf={"spark.yarn.submit.waitAppCompletion": "false"})',
+        "COMPLETED must mean the Spark application finished: "
+        "spark.yarn.submit.waitAppCompletion=false",
+    ),
+    "spark-submit that returns at submission (Kubernetes)": (
+        "from neli_orchestrate.airflow import FencedSparkSubmitOperator\n"
+        'gate >> FencedSparkSubmitOperator(task_id="a", application="job.py", '
+        'conf={"spark.kubernetes.submission.waitAppCompletion": "False"})',
+        "pass track_driver_via_k8s_api=True",
+    ),
+    "spark-submit in cluster mode the provider does not track": (
+        "from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator\n"
+        'gate >> SparkSubmitOperator(task_id="a", application="job.py", '
+        'conf={"spark.submit.deployMode": "cluster"})',
+        "Pass deploy_mode='cluster' to the operator",
+    ),
     "mapped gate": (
         'LeaderGateOperator.partial(task_id="g2", role="r").expand(run_key=["a", "b"])',
         "a LeaderGateOperator cannot be mapped",
@@ -207,6 +226,7 @@ class FakeSingleton:
     def __init__(self) -> None:
         self.on_fence: Any = None
         self.calls: list[tuple[str, str, int]] = []
+        self.failed_with: list[BaseException] = []
 
     def execute(self, role, run_key, token, work, *, on_fence=None):
         from types import SimpleNamespace
@@ -218,11 +238,15 @@ class FakeSingleton:
         try:
             return work(SimpleNamespace(token=token, reason=""))
         except BaseException as exc:
+            self.failed_with.append(exc)
+            if self.when_failed is not None:
+                self.when_failed()  # what the real singleton would do now: record FAILED
             if self.fenced:
                 raise FencedError("fenced: leadership lost", role=role, token=token) from exc
             raise
 
     fenced = False
+    when_failed: Any = None
 
     def fence(self) -> None:
         self.fenced = True
@@ -312,6 +336,55 @@ def test_a_fence_kills_the_stock_bash_processes_and_fails_the_task(
     while not gone():
         assert time.monotonic() < deadline, f"pid {sleeper} survived the fence"
         time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_sigterm_stops_the_stock_bash_work_before_the_singleton_records_failed(
+    tmp_path: Path, fake: Any
+) -> None:
+    # Airflow 3's task runner handles SIGTERM by calling on_kill() only (FACTS.md); a fenced
+    # task chains to that handler, then fails the work, and everything the work started is
+    # gone before the singleton hears of the failure.
+    import signal
+
+    pid_file = tmp_path / "pid"
+    task = stock_bash(tmp_path, f"trap '' TERM; sleep 600 & echo $! > {pid_file}; wait")
+    airflow_calls: list[str] = []
+
+    def airflow_handler(signum: int, frame: Any) -> None:
+        airflow_calls.append("on_kill")
+        task.on_kill()
+
+    seen: list[bool] = []
+    fake.when_failed = lambda: seen.append(_gone(int(pid_file.read_text())))
+
+    def terminate() -> None:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, airflow_handler)
+    thread = threading.Thread(target=terminate)
+    thread.start()
+    try:
+        with pytest.raises(AirflowException, match="SIGTERM"):
+            task.execute({"ti": ClaimTI(task), "dag": task.dag})
+    finally:
+        thread.join()
+        restored = signal.signal(signal.SIGTERM, previous)
+    assert airflow_calls == ["on_kill"]
+    assert seen == [True], "the work still ran when the failure reached the singleton"
+    assert restored is airflow_handler  # the fenced run put Airflow's handler back
 
 
 def test_a_task_function_gets_the_claim_as_its_neli_claim_parameter(

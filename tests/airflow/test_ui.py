@@ -253,7 +253,7 @@ def test_page_shows_the_leader_the_ledger_and_the_timeline(ui: UI, browser: Any)
     thread.start()
     try:
         assert holding.wait(120) and not errors, errors
-        target = Target(ui.bootstrap, ui.namespace, None, {}, 10.0)
+        target = Target(bootstrap_servers=ui.bootstrap, namespace=ui.namespace)
         # who leads, from the group itself: its one member holds the leader partition, and is
         # the member that wrote the RUNNING record (it holds the claim until released)
         assert group_leader(ui, HELD_ROLE) == seen["member"].rsplit("#", 1)[0]
@@ -312,8 +312,8 @@ def test_extra_links_of_the_gate_and_the_fenced_task_open_the_runs_ledger_entry(
                                   f"{task_id}/links")
         urls[task_id] = links["extra_links"].get("NELI run")
     assert urls["gate"] and urls["gate"] == urls["job"], urls
-    history = read_history(Target(ui.bootstrap, ui.namespace, None, {}, 10.0).ledger_config(),
-                           roles=[DAG_ROLE])
+    target = Target(bootstrap_servers=ui.bootstrap, namespace=ui.namespace)
+    history = read_history(target.ledger_config(), roles=[DAG_ROLE])
     records = [e.record for e in history.entries if e.run_key == run_key and e.record]
     assert records and records[-1].state.value == "COMPLETED", records
     login(browser, ui)

@@ -213,7 +213,7 @@ def test_configuration_reaches_the_singleton_with_secrets_from_the_environment(
     resource = NeliResource(
         bootstrap_servers="kafka:9092",
         deployment="eu-1",
-        namespace="acme.analytics",
+        namespace="acme-analytics",
         kafka_config={
             "security.protocol": "SASL_SSL",
             "sasl.password": dg.EnvVar("TEST_KAFKA_PASSWORD"),
@@ -226,9 +226,9 @@ def test_configuration_reaches_the_singleton_with_secrets_from_the_environment(
     assert nightly.execute_in_process(resources={"neli": resource}).success
     config = captured["config"]
     assert config.deployment == "eu-1"
-    assert config.ledger_config().topic == "acme.analytics.ledger"
+    assert config.ledger_config().topic == "acme-analytics.ledger"
     assert (config.handoff_timeout, config.acquire_timeout, config.max_attempts) == (120.0, 20.0, 3)
-    assert config.role_neli("export").resolved.group_id == "acme.analytics.export"
+    assert config.role_neli("export").resolved.group_id == "acme-analytics.export"
     assert config.neli.resolved.session_timeout == 6.0
     assert config.neli.kafka_config["sasl.password"] == "s3cret"
     assert "s3cret" not in repr(config.neli)

@@ -29,7 +29,7 @@ def test_doctor_finds_no_acl_error_for_a_principal_with_the_documented_acls(
         reservation = singleton.reserve("export", "2013-01-01")
         assert reservation.should_run, reservation
     target = Target(bootstrap_servers=secured_kafka.bootstrap_servers, namespace=namespace,
-                    ledger_topic_option=None, kafka_config=kafka_config, timeout=10.0)
+                    kafka_config=kafka_config, connect_timeout=10.0)
     findings = diagnose(target, NeliConfig(bootstrap_servers=secured_kafka.bootstrap_servers,
                                            group_id=namespace, topic=config.names.leader_topic,
                                            kafka_config=kafka_config,

@@ -57,10 +57,44 @@ def test_derive_names_every_kafka_resource_of_a_namespace() -> None:
     assert derive("acme", ledger_topic="legacy.ledger").ledger_topic == "legacy.ledger"
 
 
-@pytest.mark.parametrize("bad", [None, "", "  ", "a b", "x/y", "."])
+@pytest.mark.parametrize("bad", [None, "", "  ", "a b", "x/y", ".", "a.b", "a:b", "é"])
 def test_derive_refuses_a_missing_or_illegal_namespace(bad: object) -> None:
     with pytest.raises(ConfigError, match="namespace"):
         derive(bad)
+
+
+def test_a_dotted_role_and_a_dotted_namespace_never_share_a_group() -> None:
+    # Before: "acme" + "billing.daily" and "acme.billing" + "daily" both gave the group
+    # "acme.billing.daily", so two namespaces shared one consumer group.
+    with pytest.raises(ConfigError, match=r"contains '\.'.*'acme-billing'.*upgrading"):
+        derive("acme.billing")
+    assert derive("acme").group_id("billing.daily") == "acme.billing.daily"
+
+
+@pytest.mark.parametrize("namespace", ["acme", "acme-billing", "acme_billing", "a", "A9_-x"])
+@pytest.mark.parametrize("role", ["daily", "billing.daily", "x.y.z", "daily/{{ ds }}", ".", ":"])
+def test_namespace_and_role_come_back_from_every_derived_name(namespace: str, role: str) -> None:
+    # Injective: the namespace is everything before the first "." of a group id, topic or
+    # transactional id, so no two (namespace, role) pairs can share one.
+    n = derive(namespace)
+    group, txn = n.group_id(role), n.transactional_id_prefix + role
+    assert group.split(".", 1) == [namespace, role]
+    assert txn.split(".", 1) == [namespace, "ledger:" + role]
+    assert n.leader_topic.split(".", 1) == [namespace, "neli"]
+    assert n.ledger_topic.split(".", 1) == [namespace, "ledger"]
+
+
+def test_names_longer_than_kafka_allows_are_refused_at_construction() -> None:
+    longest = "n" * (249 - len(".ledger"))
+    assert len(derive(longest).ledger_topic) == 249
+    with pytest.raises(ConfigError, match="1-242"):
+        derive(longest + "n")
+    with pytest.raises(ConfigError, match="ledger_topic"):
+        derive("acme", ledger_topic="t" * 250)
+    with pytest.raises(ConfigError, match="too long"):
+        derive("acme").group_id("r" * 32767)
+    with pytest.raises(ConfigError, match="role must be a non-empty string"):
+        derive("acme").group_id("")
 
 
 def test_the_three_front_doors_derive_the_same_names() -> None:

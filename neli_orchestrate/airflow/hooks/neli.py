@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from neli_orchestrate.core.namespace import Namespace, derive
+from neli_orchestrate.airflow.provider import KAFKA_EXTRAS
+from neli_orchestrate.core.config import PROTECTED_KAFKA_SETTINGS
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.settings import NeliSettings, parse
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -46,16 +47,7 @@ KAFKA_CONN_TYPE = "kafka"
 # librdkafka keys whose values are secrets; matched as substrings of the lower-cased key.
 _SECRET_KEY_PARTS = ("password", "secret", "jaas", "key.pem", "oauthbearer.config", "token")
 
-# Structured extras of a ``neli`` connection -> librdkafka keys.
-_STRUCTURED_KAFKA_EXTRAS = {
-    "security_protocol": "security.protocol",
-    "sasl_mechanism": "sasl.mechanism",
-    "ssl_ca_location": "ssl.ca.location",
-    "ssl_certificate_location": "ssl.certificate.location",
-    "ssl_key_location": "ssl.key.location",
-    "ssl_key_password": "ssl.key.password",
-}
-
+#: Settings a hook argument (or an operator's) may override: the timeouts.
 _TIMEOUT_EXTRAS = (
     "handoff_timeout",
     "acquire_timeout",
@@ -76,30 +68,12 @@ def redacted(kafka_config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: ("***" if is_secret_key(k) else v) for k, v in kafka_config.items()}
 
 
-@dataclass(frozen=True)
-class NeliConnectionSettings:
-    """What NeliHook read from a connection; ``repr`` never shows secrets."""
+class NeliConnectionSettings(NeliSettings):
+    """What NeliHook read from a connection: the settings (:class:`NeliSettings`) and where
+    they came from; ``repr`` never shows secrets."""
 
     conn_id: str
     conn_type: str
-    bootstrap_servers: str
-    deployment: str
-    namespace: str
-    ledger_topic: str | None = None
-    kafka_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    handoff_timeout: float | None = None
-    acquire_timeout: float | None = None
-    heartbeat_timeout: float | None = None
-    session_timeout: float | None = None
-    connect_timeout: float = 10.0
-    profile: str | None = None
-    group_protocol: str | None = None
-    max_attempts: int | None = None
-
-    @property
-    def names(self) -> Namespace:
-        """Every Kafka name of this namespace (the one derivation, in the core)."""
-        return derive(self.namespace, ledger_topic=self.ledger_topic)
 
     @property
     def leader_topic(self) -> str:
@@ -110,10 +84,6 @@ class NeliConnectionSettings:
     def resolved_ledger_topic(self) -> str:
         """The run ledger topic: the ``ledger_topic`` extra, else ``<namespace>.ledger``."""
         return self.names.ledger_topic
-
-    def client_config(self) -> dict[str, Any]:
-        """Full librdkafka client config (``bootstrap.servers`` + extras); contains secrets."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config}
 
     def describe(self) -> str:
         """One log-safe line: where this deployment coordinates, without any secret."""
@@ -138,22 +108,6 @@ def _extras(conn: Connection) -> dict[str, Any]:
                 key = key[len(prefix) :]
         extras[key] = value
     return extras
-
-
-def _as_float(conn_id: str, name: str, value: Any) -> float | None:
-    if value in (None, ""):
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"connection {conn_id!r}: extra {name!r} must be seconds, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"connection {conn_id!r}: extra {name!r} must be a number of seconds, got {value!r}"
-        ) from None
-    if number <= 0:
-        raise ConfigError(f"connection {conn_id!r}: extra {name!r} must be > 0, got {value!r}")
-    return number
 
 
 def _kafka_config_extra(conn_id: str, value: Any) -> dict[str, Any]:
@@ -198,6 +152,58 @@ def _configured(option: str) -> str | None:
     return value or None
 
 
+def _neli_connection(conn: Connection, conn_id: str, extras: dict[str, Any]) -> dict[str, Any]:
+    """The settings a ``neli`` connection holds: host, SASL login, structured and JSON extras."""
+    kafka_config = _kafka_config_extra(conn_id, extras.get("kafka_config"))
+    for extra_name, (kafka_key, _, _) in KAFKA_EXTRAS.items():
+        value = extras.get(extra_name)
+        if value in (None, ""):
+            continue
+        previous = kafka_config.get(kafka_key)
+        if previous not in (None, value):
+            raise ConfigError(
+                f"connection {conn_id!r}: extra {extra_name!r} and kafka_config "
+                f"{kafka_key!r} disagree; set it in one place"
+            )
+        kafka_config[kafka_key] = value
+    if conn.login:
+        kafka_config["sasl.username"] = conn.login
+    if conn.password:
+        kafka_config["sasl.password"] = conn.password
+    if conn.login or conn.password:
+        protocol = str(kafka_config.get("security.protocol", "PLAINTEXT")).upper()
+        if not protocol.startswith("SASL"):
+            raise ConfigError(
+                f"connection {conn_id!r}: login/password are SASL credentials but "
+                f"security_protocol is {protocol}; set security_protocol to SASL_SSL or "
+                "SASL_PLAINTEXT (or clear login and password)"
+            )
+    values = {name: extras.get(name) for name in NeliSettings.model_fields}
+    values.update(bootstrap_servers=_bootstrap_from_host(conn), kafka_config=kafka_config)
+    return values
+
+
+def _kafka_connection(conn_id: str, extras: dict[str, Any]) -> dict[str, Any]:
+    """The settings a ``kafka`` connection holds: only the librdkafka config in its extras."""
+    kafka_config = {str(k): v for k, v in extras.items() if "." in str(k) or str(k) == "debug"}
+    bootstrap = str(kafka_config.pop("bootstrap.servers", "") or "").strip()
+    if not bootstrap:
+        raise ConfigError(
+            f"connection {conn_id!r} (type kafka): extra 'bootstrap.servers' is missing; "
+            "the kafka connection type keeps the librdkafka config in its extras"
+        )
+    # A kafka connection's extras are pure librdkafka config: NELI settings come from the
+    # hook's arguments and [neli] config, never from unknown keys the client would reject.
+    # Consumer settings meant for other hooks (group.id, auto.offset.reset, ...) are the
+    # protocol's business here: drop them rather than fail.
+    ignored = sorted(k for k in kafka_config if k.strip().lower() in PROTECTED_KAFKA_SETTINGS)
+    for key in ignored:
+        kafka_config.pop(key)
+    if ignored:
+        logger.info("connection %r: ignoring %s, NELI sets them itself", conn_id, ignored)
+    return {"bootstrap_servers": bootstrap, "kafka_config": kafka_config}
+
+
 def settings_from_connection(
     conn: Connection,
     *,
@@ -216,119 +222,42 @@ def settings_from_connection(
     conn_type = (conn.conn_type or "").lower()
     extras = _extras(conn)
     if conn_type == NELI_CONN_TYPE:
-        bootstrap = _bootstrap_from_host(conn)
-        kafka_config = _kafka_config_extra(conn_id, extras.get("kafka_config"))
-        for extra_name, kafka_key in _STRUCTURED_KAFKA_EXTRAS.items():
-            value = extras.get(extra_name)
-            if value in (None, ""):
-                continue
-            previous = kafka_config.get(kafka_key)
-            if previous not in (None, value):
-                raise ConfigError(
-                    f"connection {conn_id!r}: extra {extra_name!r} and kafka_config "
-                    f"{kafka_key!r} disagree; set it in one place"
-                )
-            kafka_config[kafka_key] = value
-        if conn.login:
-            kafka_config["sasl.username"] = conn.login
-        if conn.password:
-            kafka_config["sasl.password"] = conn.password
-        if conn.login or conn.password:
-            protocol = str(kafka_config.get("security.protocol", "PLAINTEXT")).upper()
-            if not protocol.startswith("SASL"):
-                raise ConfigError(
-                    f"connection {conn_id!r}: login/password are SASL credentials but "
-                    f"security_protocol is {protocol}; set security_protocol to SASL_SSL or "
-                    "SASL_PLAINTEXT (or clear login and password)"
-                )
-        neli_extras = extras
+        values = _neli_connection(conn, conn_id, extras)
     elif conn_type == KAFKA_CONN_TYPE:
-        kafka_config = {str(k): v for k, v in extras.items() if "." in str(k) or str(k) == "debug"}
-        bootstrap = str(kafka_config.pop("bootstrap.servers", "") or "").strip()
-        if not bootstrap:
-            raise ConfigError(
-                f"connection {conn_id!r} (type kafka): extra 'bootstrap.servers' is missing; "
-                "the kafka connection type keeps the librdkafka config in its extras"
-            )
-        # A kafka connection's extras are pure librdkafka config: NELI settings come from the
-        # hook's arguments and [neli] config, never from unknown keys the client would reject.
-        # Consumer settings meant for other hooks (group.id, auto.offset.reset, ...) are the
-        # protocol's business here: drop them rather than fail.
-        from neli_orchestrate.core.config import PROTECTED_KAFKA_SETTINGS
-
-        ignored = sorted(k for k in kafka_config if k.strip().lower() in PROTECTED_KAFKA_SETTINGS)
-        for key in ignored:
-            kafka_config.pop(key)
-        if ignored:
-            logger.info("connection %r: ignoring %s, NELI sets them itself", conn_id, ignored)
-        neli_extras = {}
+        values = _kafka_connection(conn_id, extras)
     else:
         raise ConfigError(
             f"connection {conn_id!r} has type {conn.conn_type!r}; NeliHook needs a 'neli' or "
             "'kafka' connection (install neli-orchestrate before `airflow connections add "
             "--conn-type neli`, or Airflow stores it as generic)"
         )
-    resolved_deployment = deployment or neli_extras.get("deployment") or _configured("deployment")
-    if not resolved_deployment:
-        raise ConfigError(
-            f"connection {conn_id!r}: no deployment id; set the extra 'deployment' (e.g. "
-            '"us-east-1"), the [neli] deployment option (AIRFLOW__NELI__DEPLOYMENT) or pass '
-            "deployment= to the hook/operator"
-        )
-    timeouts: dict[str, float | None] = {
-        name: _as_float(conn_id, name, neli_extras.get(name)) for name in _TIMEOUT_EXTRAS
-    }
     for name, value in (overrides or {}).items():
         if name not in _TIMEOUT_EXTRAS:
             raise ConfigError(f"unknown NELI setting {name!r}; known: {list(_TIMEOUT_EXTRAS)}")
         if value is not None:
-            timeouts[name] = _as_float(conn_id, name, value)
-    connect_timeout = timeouts.pop("connect_timeout") or 10.0
-    resolved_namespace = namespace or neli_extras.get("namespace") or _configured("namespace")
-    if not resolved_namespace:
-        raise ConfigError(
-            f"connection {conn_id!r}: no namespace; set the extra 'namespace' (e.g. \"acme\"), "
-            "the [neli] namespace option (AIRFLOW__NELI__NAMESPACE) or pass namespace= to the "
-            "hook/operator. Every deployment that shares runs must use the same namespace."
-        )
-    names = derive(str(resolved_namespace), ledger_topic=ledger_topic
-                   or neli_extras.get("ledger_topic") or None)
-    for key, value in kafka_config.items():
+            values[name] = value
+    # Deployment id and namespace: argument, else the connection, else the [neli] section.
+    for name, given, example, note in (
+        ("deployment", deployment, '"us-east-1"', "deployment id"),
+        ("namespace", namespace, '"acme"', "namespace"),
+    ):
+        values[name] = given or values.get(name) or _configured(name)
+        if not values[name]:
+            raise ConfigError(
+                f"connection {conn_id!r}: no {note}; set the extra {name!r} (e.g. {example}), "
+                f"the [neli] {name} option (AIRFLOW__NELI__{name.upper()}) or pass {name}= to "
+                "the hook/operator."
+                + (" Every deployment that shares runs must use the same namespace."
+                   if name == "namespace" else "")
+            )
+    values["ledger_topic"] = ledger_topic or values.get("ledger_topic")
+    for key, value in values["kafka_config"].items():
         if is_secret_key(key) and isinstance(value, str):
             _mask(value)
-    return NeliConnectionSettings(
-        conn_id=conn_id,
-        conn_type=conn_type,
-        bootstrap_servers=bootstrap,
-        deployment=str(resolved_deployment),
-        namespace=names.name,
-        ledger_topic=ledger_topic or neli_extras.get("ledger_topic") or None,
-        kafka_config=kafka_config,
-        connect_timeout=connect_timeout,
-        profile=_optional_text(neli_extras.get("profile")),
-        max_attempts=_as_attempts(conn_id, neli_extras.get("max_attempts")),
-        group_protocol=_optional_text(neli_extras.get("group_protocol")),
-        **timeouts,
-    )
-
-
-def _as_attempts(conn_id: str, value: Any) -> int | None:
-    if value in (None, ""):
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if isinstance(value, bool) or number < 1 or str(number) != str(value).strip():
-        raise ConfigError(
-            f"connection {conn_id!r}: extra 'max_attempts' must be a whole number >= 1 (or "
-            f"empty for no limit), got {value!r}"
-        )
-    return number
-
-
-def _optional_text(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None
+    settings: NeliConnectionSettings = parse(
+        NeliConnectionSettings, {**values, "conn_id": conn_id, "conn_type": conn_type},
+        where=f"connection {conn_id!r}: extra")
+    return settings
 
 
 def _mask(secret: str) -> None:
@@ -440,41 +369,13 @@ class NeliHook(BaseHook):
         Group and topic stay unset: the singleton layer derives each role's group
         (``<namespace>.<role>``) and the leader topic from the namespace.
         """
-        from neli_orchestrate.core import NeliConfig
-
-        s = self.settings
-        options: dict[str, Any] = {
-            "bootstrap_servers": s.bootstrap_servers,
-            "kafka_config": dict(s.kafka_config),
-        }
-        if s.profile is not None:
-            options["profile"] = s.profile
-        if s.group_protocol is not None:
-            options["group_protocol"] = s.group_protocol
-        if s.session_timeout is not None:
-            options["session_timeout"] = s.session_timeout
-        if s.heartbeat_timeout is not None:
-            options["heartbeat_timeout"] = s.heartbeat_timeout
-        return NeliConfig(**options)
+        config: NeliConfig = self.settings.neli_config()
+        return config
 
     def singleton_config(self) -> SingletonConfig:
         """Build the SingletonConfig (deployment, ledger topic, handoff/acquire timeouts)."""
-        from neli_orchestrate.singleton import SingletonConfig
-
-        s = self.settings
-        options: dict[str, Any] = {
-            "neli": self.neli_config(),
-            "deployment": s.deployment,
-            "namespace": s.namespace,
-            "ledger_topic": s.ledger_topic,
-        }
-        if s.handoff_timeout is not None:
-            options["handoff_timeout"] = s.handoff_timeout
-        if s.acquire_timeout is not None:
-            options["acquire_timeout"] = s.acquire_timeout
-        if s.max_attempts is not None:
-            options["max_attempts"] = s.max_attempts
-        return SingletonConfig(**options)
+        config: SingletonConfig = self.settings.singleton_config()
+        return config
 
     def get_singleton(self) -> Singleton:
         """Return a new :class:`~neli_orchestrate.Singleton`; close it after use."""

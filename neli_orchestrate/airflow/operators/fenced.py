@@ -38,6 +38,12 @@ What a fenced task does (through :meth:`neli_orchestrate.Singleton.execute`):
 4. Records ``COMPLETED`` on success, ``FAILED`` with the reason on error. Airflow retries
    apply; a retry decides again and may re-claim the run with a new, larger token (the work
    sees the new one).
+
+Stop first, then record, then release: whatever ends the work (a fence, ``execution_timeout``,
+SIGTERM, an exception from the work) calls ``on_kill()`` and kills every process the work
+started *before* ``FAILED`` is recorded and before the member leaves the role's group. Airflow
+itself would call ``on_kill()`` on a timeout only after ``execute`` returned, by which time the
+role was released; and on SIGTERM it only calls ``on_kill()``, which here also fails the try.
 """
 
 from __future__ import annotations
@@ -74,6 +80,22 @@ logger = logging.getLogger(__name__)
 
 #: The signal the watchdog sends to the task's main thread on fence.
 FENCE_SIGNAL = signal.SIGUSR1
+
+#: Seconds a stopped try asks the cluster manager whether its remote Spark driver is gone
+#: (environment ``NELI_SPARK_KILL_CONFIRM_TIMEOUT`` overrides).
+KILL_CONFIRM_TIMEOUT = 30.0
+
+
+def kill_confirm_timeout() -> float:
+    """:data:`KILL_CONFIRM_TIMEOUT`, or ``$NELI_SPARK_KILL_CONFIRM_TIMEOUT`` if set."""
+    value = os.environ.get("NELI_SPARK_KILL_CONFIRM_TIMEOUT")
+    try:
+        return float(value) if value else KILL_CONFIRM_TIMEOUT
+    except ValueError:
+        raise ConfigError(
+            f"NELI_SPARK_KILL_CONFIRM_TIMEOUT={value!r} is not a number of seconds"
+        ) from None
+
 
 #: Class attribute that marks LeaderGateOperator (found without importing it: no circle).
 GATE_MARKER = "neli_gate"
@@ -147,7 +169,7 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
     Spark provider is never imported here) also gets them as ``spark.neli.*`` conf, which the
     job reads with :func:`neli_orchestrate.spark.read_neli_conf`.
     """
-    context[CLAIM_CONTEXT_KEY] = claim  # type: ignore[literal-required]
+    context[CLAIM_CONTEXT_KEY] = claim.xcom()  # type: ignore[literal-required]
     env = claim.env()
     if isinstance(getattr(task, "env", None), dict):
         task.env = {**task.env, **env}
@@ -165,6 +187,18 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
             ),
         }
         task._hook = None  # the hook copies conf when it is built: build it with the claim
+        if getattr(task, "durable", False):
+            # Airflow 3.3's SparkSubmitOperator is a resumable job: a try reattaches to the
+            # application an earlier try stored, or returns at once if it succeeded. Under a
+            # claim that earlier application ran under an older token (every try that starts
+            # work gets a new one: the singleton never runs one token twice), so resuming it
+            # would record COMPLETED under this token for work this claim never ran.
+            task.durable = False
+            task.log.info(
+                "Resumable job off for this fenced try (durable=False): token %s submits its "
+                "own Spark application; an earlier try's application is never resumed",
+                claim.token,
+            )
     task.log.info(
         "Running under fencing token %s (run %r, role %r, deployment %r)",
         claim.token,
@@ -179,6 +213,19 @@ def _is_spark_submit(task: Any) -> bool:
         cls.__name__ == "SparkSubmitOperator" and cls.__module__.startswith("airflow.providers.")
         for cls in type(task).__mro__
     )
+
+
+def _refuse_early_return(task: Any) -> None:
+    """Fail (no retry) before claiming if spark-submit would return before the app finished."""
+    from neli_orchestrate.spark.applications import submission_problem
+
+    try:
+        problem = submission_problem(task._get_hook())
+    except (AttributeError, KeyError, TypeError):  # not the provider's hook as we know it
+        task.log.warning("cannot read the Spark provider's settings: completion not checked")
+        return
+    if problem:
+        raise AirflowFailException(f"{task.task_id}: {problem}")
 
 
 def run_fenced(
@@ -197,6 +244,8 @@ def run_fenced(
     """
     gate = find_gate(task, gate_task_id)
     claim = pull_claim(context, gate)
+    if _is_spark_submit(task):
+        _refuse_early_return(task)
     hook = NeliHook(
         neli_conn_id or gate.neli_conn_id,
         deployment=gate.deployment,
@@ -236,6 +285,9 @@ class _FencedExecution:
         self.fence_reason: str | None = None
         self.in_work = False
         self.children_before: set[int] = set()
+        self.previous_term: Any = None
+        #: Set when a remote Spark application could not be confirmed stopped.
+        self.not_stopped: str | None = None
 
     def run(self, singleton: Any) -> Any:
         claim = self.claim
@@ -276,13 +328,64 @@ class _FencedExecution:
         try:
             with _environ(current.env()):
                 return self.work()
-        except TaskDeferred as exc:
-            raise AirflowFailException(
-                f"{task.task_id} tried to defer while running under a claim; a fenced task must "
-                "do its work in the worker: pass deferrable=False"
-            ) from exc
+        except BaseException as exc:
+            # Stop first, then record, then release: an execution_timeout (Airflow raises
+            # AirflowTaskTimeout here and calls on_kill only after execute returned), a SIGTERM
+            # or the work's own error stops everything the work started before the singleton
+            # records FAILED and leaves the group. A fence already stopped it (_fence_now).
+            if self.in_work:
+                self.in_work = False
+                self._stop_work(f"{type(exc).__name__}: {exc}")
+                if self.not_stopped and not isinstance(exc, TaskDeferred):
+                    raise AirflowException(f"{type(exc).__name__}: {exc}; {self.not_stopped}") \
+                        from exc
+            if isinstance(exc, TaskDeferred):
+                raise AirflowFailException(
+                    f"{task.task_id} tried to defer while running under a claim; a fenced task "
+                    "must do its work in the worker: pass deferrable=False"
+                ) from exc
+            raise
         finally:
             self.in_work = False
+
+    def _stop_work(self, why: str) -> None:
+        """Stop the work and every process it started: ``on_kill()``, then kill what is left."""
+        task = self.task
+        task.log.error("Stopping the work before anything is recorded (%s)", why)
+        try:
+            task.on_kill()
+        except Exception:  # noqa: BLE001 - still stop the processes and fail the task
+            task.log.exception("on_kill() failed while stopping the work")
+        killed, alive = _kill_new_children(self.children_before)
+        if killed:
+            task.log.warning("killed processes the work left behind: %s", killed)
+        if alive:
+            task.log.error("processes the work started survived SIGKILL: %s", alive)
+        if _is_spark_submit(task):
+            self._confirm_remote_stopped()
+
+    def _confirm_remote_stopped(self) -> None:
+        """Cluster deploy mode: ask the cluster manager until the driver is no longer active."""
+        from neli_orchestrate.spark.applications import (
+            ApplicationNotStopped,
+            confirm_stopped,
+            remote_application,
+        )
+
+        try:
+            application = remote_application(getattr(self.task, "_hook", None))
+        except (AttributeError, KeyError, TypeError):
+            application = None
+        if application is None:
+            return
+        try:
+            state = confirm_stopped(self.task, application, self.context,
+                                    deadline=kill_confirm_timeout())
+        except ApplicationNotStopped as exc:
+            self.not_stopped = str(exc)
+            self.task.log.error("%s", exc)
+        else:
+            self.task.log.info("%s stopped: the cluster manager reports %s", application, state)
 
     # -- the fence: watchdog thread -> SIGUSR1 -> main thread --------------------------------
 
@@ -303,14 +406,20 @@ class _FencedExecution:
                 "task when the work returns"
             )
             return False, None
+        # Only a Python SIGTERM handler (Airflow's task runner installs one) is chained; where
+        # SIGTERM keeps its default action the process dies and records nothing.
+        self.previous_term = signal.getsignal(signal.SIGTERM)
+        if callable(self.previous_term):
+            signal.signal(signal.SIGTERM, self._terminate)
         return True, signal.signal(FENCE_SIGNAL, self._signal_handler)
 
-    @staticmethod
-    def _restore_handler(installed: tuple[bool, Any]) -> None:
+    def _restore_handler(self, installed: tuple[bool, Any]) -> None:
         done, previous = installed
         if done:
             # None means "not set from Python": the default action is what was there.
             signal.signal(FENCE_SIGNAL, signal.SIG_DFL if previous is None else previous)
+            if callable(self.previous_term):
+                signal.signal(signal.SIGTERM, self.previous_term)
 
     def _signal_handler(self, signum: int, frame: Any) -> None:
         if self.fence_reason is None:
@@ -322,18 +431,26 @@ class _FencedExecution:
             # Not inside the work: the singleton itself raises FencedError at its next step.
             return
         self.in_work = False
-        task = self.task
         reason = self.fence_reason
-        task.log.error("Fenced while running (%s): killing the work", reason)
-        try:
-            task.on_kill()
-        except Exception:  # noqa: BLE001 - still fail the task
-            task.log.exception("on_kill() failed while fencing")
-        leftovers = _kill_new_children(self.children_before)
-        if leftovers:
-            task.log.warning("killed processes the work left behind: %s", leftovers)
+        self._stop_work(f"fenced: {reason}")
         # Retryable: the singleton turns this into FencedError, and run() decides final or not.
+        if self.not_stopped:
+            raise AirflowException(f"Fenced: {reason}; {self.not_stopped}")
         raise AirflowException(f"Fenced: {reason}; the work was killed")
+
+    def _terminate(self, signum: int, frame: Any) -> None:
+        """SIGTERM during the fenced run: Airflow's handler (``on_kill``), then fail the work.
+
+        Airflow 3's task runner only calls ``on_kill()`` on SIGTERM and lets ``execute`` go on
+        (it may even succeed). Under a claim that would record COMPLETED or keep the role while
+        the supervisor is about to kill the process; instead the work stops here and the try
+        fails, so FAILED is recorded and the group left only after the work stopped.
+        """
+        previous = self.previous_term
+        if callable(previous):
+            previous(signum, frame)
+        if self.in_work:
+            raise AirflowException("terminated (SIGTERM) while running under a claim")
 
 
 @contextlib.contextmanager
@@ -356,11 +473,12 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _kill_new_children(before: set[int], *, timeout: float = 10.0) -> list[int]:
+def _kill_new_children(before: set[int], *, timeout: float = 10.0) -> tuple[list[int], list[int]]:
     """Kill every descendant of this process started since ``before`` was taken.
 
-    ``on_kill`` does not always reach every process: spark-submit's kill stops the JVM, not
-    the Python driver it started; a bash script may leave background jobs.
+    Returns (killed, still alive after ``timeout``). ``on_kill`` does not always reach every
+    process: spark-submit's kill stops the JVM, not the Python driver it started; a bash script
+    may leave background jobs.
     """
     import psutil
 
@@ -373,8 +491,8 @@ def _kill_new_children(before: set[int], *, timeout: float = 10.0) -> list[int]:
             procs.append(proc)
         except psutil.NoSuchProcess:
             continue
-    psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in procs]
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in procs], [p.pid for p in alive]
 
 
 # -- the stock form: the gate's direct child ---------------------------------------------------
@@ -439,6 +557,19 @@ def _check_explicit(dag: Any, task: Any) -> None:
         )
 
 
+def _check_spark_completion(what: str, task: Any) -> None:
+    """Refuse a SparkSubmitOperator whose spark-submit returns before the application ended."""
+    if not _is_spark_submit(task):
+        return
+    from neli_orchestrate.spark.applications import import_problem
+
+    problem = import_problem(task)
+    if problem:
+        raise UnfenceableTaskError(
+            f"{what}: COMPLETED must mean the Spark application finished: {problem}"
+        )
+
+
 def _fence_child_of(gate: Any) -> None:
     dag_id = gate.dag.dag_id if gate.dag else "?"
     where = f"DAG {dag_id!r}, gate {gate.task_id!r}"
@@ -486,6 +617,7 @@ def _fence_child_of(gate: Any) -> None:
             f"{what} is also directly downstream of gate(s) {others}; a task runs under one "
             "claim: keep one gate"
         )
+    _check_spark_completion(what, child)
     if isinstance(child, FencedExecutionMixin):
         if child.gate_task_id not in (None, gate.task_id):
             raise UnfenceableTaskError(

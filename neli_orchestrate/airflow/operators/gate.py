@@ -146,12 +146,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         outcome = reservation.outcome
         deployment = hook.deployment
         if reservation.should_run:
-            claim = {
-                "token": reservation.token,
-                "run_key": self.run_key,
-                "role": self.role,
-                "deployment": deployment,
-            }
+            claim = reservation.claim.xcom()  # type: ignore[union-attr]
             self.log.info(
                 "Claimed run %r of role %r for deployment %r with fencing token %s (%s; "
                 "previous: %s)",

@@ -8,8 +8,7 @@ shows every ledger record of one run, which is where the "NELI run" extra link o
 of the task it fences points.
 
 It reads what ``neli-orchestrate status`` and ``neli-orchestrate ledger`` read, through the
-same code (:func:`neli_orchestrate.cli.status.collect_status`,
-:func:`neli_orchestrate.ledger.history.read_history`), with the Kafka settings of the
+same read model (:func:`neli_orchestrate.observe.collect_overview`), with the Kafka settings of the
 deployment's ``neli`` connection (``?conn_id=``, default ``neli_default``). Read-only: it
 never joins a group or writes a record. Access is Airflow's own: the auth manager must
 authorize the user for the UI (``AccessView.WEBSITE``); anonymous requests get 401, and a
@@ -20,9 +19,8 @@ from __future__ import annotations
 
 import html
 import logging
-import time
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlparse
 
@@ -31,56 +29,40 @@ from airflow.sdk import BaseOperatorLink
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from neli_orchestrate.errors import ConfigError, KafkaUnavailableError, NeliError
+from neli_orchestrate.errors import ConfigError, NeliError
+from neli_orchestrate.observe import (
+    LEDGER_ROWS,
+    Overview,
+    RoleOverview,
+    collect_overview,
+    entry_data,
+    iso_time,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
-    from neli_orchestrate.cli._context import Target
-    from neli_orchestrate.cli.status import RoleStatus
-    from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory
+    from neli_orchestrate.ledger.history import HistoryEntry
+    from neli_orchestrate.observe import RoleStatus
+    from neli_orchestrate.settings import ClusterSettings
 
-__all__ = ["NeliPlugin", "NeliRunLink", "app", "collect_overview", "run_url"]
+__all__ = ["LEDGER_ROWS", "NeliPlugin", "NeliRunLink", "Overview", "RoleOverview", "app",
+           "collect_overview", "run_url"]
 
 logger = logging.getLogger(__name__)
 
 #: Where the api-server mounts the page (below ``[api] base_url``).
 URL_PREFIX = "/neli"
 DEFAULT_CONN_ID = "neli_default"
-#: Ledger rows shown per role (newest first).
-LEDGER_ROWS = 50
 
 
-# -- data: the CLI's readers, one code path ---------------------------------------------------
+# -- data: the read model (neli_orchestrate.observe), as the CLI reads it ------------------
 
-@dataclass
-class RoleOverview:
-    """What the page shows of one role."""
-
-    status: RoleStatus
-    #: The latest entry of each run key of the role, newest first.
-    runs: list[HistoryEntry] = field(default_factory=list)
-
-
-@dataclass
-class Overview:
-    namespace: str
-    bootstrap_servers: str
-    deployment: str
-    ledger_topic: str
-    roles: list[RoleOverview]
-    #: Every record of the run asked for (``run_key``), oldest first.
-    run_history: list[HistoryEntry] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    read_at: float = 0.0
-
-
-def _target(conn_id: str) -> tuple[Target, str]:
-    """The CLI's Target for the deployment's connection, and the deployment id."""
+def _target(conn_id: str) -> tuple[ClusterSettings, str]:
+    """Where the deployment's connection points, and the deployment id."""
     from airflow.models.connection import Connection
 
     from neli_orchestrate.airflow.hooks.neli import NeliHook
-    from neli_orchestrate.cli._context import Target
 
     try:
         conn = Connection.get_connection_from_secrets(conn_id)
@@ -90,53 +72,7 @@ def _target(conn_id: str) -> tuple[Target, str]:
             f"'neli' connection the gates use, or open the page with ?conn_id=<its id> "
             f"({type(exc).__name__})") from None
     settings = NeliHook(conn_id, connection=conn).settings  # type: ignore[arg-type]
-    target = Target(bootstrap_servers=settings.bootstrap_servers, namespace=settings.namespace,
-                    ledger_topic_option=settings.ledger_topic,
-                    kafka_config=dict(settings.kafka_config),
-                    timeout=settings.connect_timeout)
-    return target, settings.deployment
-
-
-def collect_overview(target: Target, deployment: str, roles: Sequence[str] = (),
-                     run_key: str | None = None, limit: int = LEDGER_ROWS) -> Overview:
-    """Read leaders, ledger and timeline of ``roles`` (every role of the namespace if empty)."""
-    from neli_orchestrate.cli.status import collect_status
-    from neli_orchestrate.ledger.history import read_history
-
-    warnings: list[str] = []
-    history: LedgerHistory | None
-    try:
-        history = read_history(target.ledger_config(), roles=list(roles) or None)
-    except KafkaUnavailableError as exc:
-        history = None
-        warnings.append(str(exc))
-    statuses = collect_status(target, list(roles), history=history)
-    latest = history.latest() if history is not None else {}
-    known = {s.role for s in statuses}
-    # roles that ran but have no group right now (no deployment is up for them)
-    extra = sorted({role for role, _ in latest} - known) if not roles else []
-    from neli_orchestrate.cli.status import RoleStatus
-
-    statuses += [RoleStatus(role=r, group=target.names.group_id(r), state="empty", protocol="-",
-                            partition=None, notes=["no consumer group: no deployment is "
-                                                   "leading or waiting for this role"])
-                 for r in extra]
-    overviews = []
-    for st in statuses:
-        runs = [e for (role, _), e in latest.items() if role == st.role]
-        runs.sort(key=lambda e: (e.record.at if e.record else 0.0, e.offset), reverse=True)
-        overviews.append(RoleOverview(status=st, runs=runs[:limit]))
-    run_history = []
-    if run_key is not None and history is not None:
-        run_history = [e for e in history.entries if e.run_key == run_key
-                       and (not roles or e.role in roles)]
-    if history is not None:
-        warnings += [f"unreadable ledger record at offset {e.offset} (role {e.role!r}, run key "
-                     f"{e.run_key!r}): {e.error}" for e in history.malformed()]
-    return Overview(namespace=target.namespace, bootstrap_servers=target.bootstrap_servers,
-                    deployment=deployment, ledger_topic=target.names.ledger_topic,
-                    roles=overviews, run_history=run_history, warnings=warnings,
-                    read_at=time.time())
+    return settings, settings.deployment
 
 
 # -- links ------------------------------------------------------------------------------------
@@ -250,8 +186,6 @@ def overview_json(conn_id: str = DEFAULT_CONN_ID,
                   run_key: str | None = None,
                   user: Any = Depends(_require_user)) -> JSONResponse:  # noqa: B008
     """The page's data as JSON (what ``status --json`` and ``ledger list --json`` show)."""
-    from neli_orchestrate.cli.ledger import _entry_json
-
     try:
         data = _read(conn_id, role, run_key)
     except NeliError as exc:
@@ -259,9 +193,9 @@ def overview_json(conn_id: str = DEFAULT_CONN_ID,
     return JSONResponse({
         "namespace": data.namespace, "deployment": data.deployment,
         "bootstrap_servers": data.bootstrap_servers, "ledger_topic": data.ledger_topic,
-        "roles": [{"status": asdict(r.status), "runs": [_entry_json(e) for e in r.runs]}
+        "roles": [{"status": asdict(r.status), "runs": [entry_data(e) for e in r.runs]}
                   for r in data.roles],
-        "run_history": [_entry_json(e) for e in data.run_history],
+        "run_history": [entry_data(e) for e in data.run_history],
         "warnings": data.warnings,
     })
 
@@ -287,9 +221,7 @@ def _e(text: object) -> str:
 
 
 def _when(epoch: float | None) -> str:
-    from neli_orchestrate.cli._output import when
-
-    return when(epoch).replace("+00:00", "Z")
+    return iso_time(epoch).replace("+00:00", "Z")
 
 
 def _cells(values: Iterable[object]) -> str:

@@ -1,0 +1,453 @@
+"""The read model: who leads each role, its members, and the ledger's entries, as data.
+
+Usage::
+
+    cluster = ClusterSettings(bootstrap_servers="kafka:9092", namespace="acme")
+    for role in collect_status(cluster, roles=[]):          # every role group of the namespace
+        print(role.role, role.leader_deployment, role.leader_since)
+    view = collect_overview(cluster, deployment="us-east-1")  # leaders + recent ledger entries
+    rows = [entry_data(e) for r in view.roles for e in r.runs]
+
+Read-only: describes the role groups, reads the tail of the leader topic and the ledger; never
+joins a group (joining would rebalance the group the running leader is in). The command line
+(``neli-orchestrate status`` / ``ledger``), the Airflow UI page and the Dagster resource
+(:meth:`NeliResource.overview <neli_orchestrate.dagster.NeliResource.overview>`) all read
+through here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.heartbeat import decode_heartbeat
+from neli_orchestrate.core.namespace import Namespace
+from neli_orchestrate.core.roles import partition_for
+from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.settings import ClusterSettings
+
+if TYPE_CHECKING:
+    from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory
+
+__all__ = ["LeaderSpell", "MemberStatus", "Overview", "RoleOverview", "RoleStatus",
+           "broker_config", "collect_overview", "collect_status", "describe_config",
+           "entry_data", "group_prefix", "iso_time", "role_of_group"]
+
+#: Ledger rows an overview keeps per role (newest first).
+LEDGER_ROWS = 50
+
+
+def iso_time(epoch: float | None) -> str:
+    """Epoch seconds as an ISO-8601 UTC time (to the millisecond), '' for None."""
+    if epoch is None:
+        return ""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def _client_config(target: ClusterSettings, **extra: Any) -> dict[str, Any]:
+    return target.client_config(**{"socket.timeout.ms": int(target.connect_timeout * 1000),
+                                   **extra})
+
+
+def group_prefix(names: Namespace) -> str:
+    """What every role group id of ``names`` starts with (for prefixed ACLs and discovery)."""
+    return names.group_id("\0").split("\0", 1)[0]
+
+
+def role_of_group(names: Namespace, group_id: str) -> str | None:
+    """The role whose NELI group is ``group_id``, or None if it is not one of ``names``."""
+    prefix = group_prefix(names)
+    if group_id.startswith(prefix) and len(group_id) > len(prefix):
+        return group_id[len(prefix):]
+    return None
+
+
+def describe_config(admin: Any, restype: str, name: str, timeout: float) -> dict[str, str] | None:
+    """Settings of a broker/topic/group resource, or None if they cannot be read."""
+    ck = _ck()
+    resource = ck.admin.ConfigResource(getattr(ck.admin.ResourceType, restype), name)
+    try:
+        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout=timeout + 5)
+    except Exception:  # noqa: BLE001 - not allowed, not supported: the caller reports it
+        return None
+    return {key: entry.value for key, entry in entries.items() if entry.value is not None}
+
+
+def broker_config(admin: Any, timeout: float) -> dict[str, str] | None:
+    """The settings of one broker of the cluster (the first listed), or None."""
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except Exception:  # noqa: BLE001
+        return None
+    if not metadata.brokers:
+        return None
+    return describe_config(admin, "BROKER", str(min(metadata.brokers)), timeout)
+
+
+#: How many records of the leader topic's tail are read per partition to find heartbeats.
+TAIL_RECORDS = 5000
+#: How many spells of leadership (newest last) a role's timeline keeps.
+TIMELINE_SPELLS = 20
+
+
+@dataclass
+class LeaderSpell:
+    """One stretch of leadership seen in the leader topic: a member's run of heartbeats.
+
+    ``start`` and ``end`` are the wall times (broker timestamps) of its first and last
+    heartbeat read; a gap longer than the heartbeat lease starts a new spell.
+    """
+
+    member: str
+    deployment: str | None
+    start: float
+    end: float
+    heartbeats: int
+
+
+@dataclass
+class MemberStatus:
+    member_id: str
+    client_id: str
+    host: str
+    partitions: list[int]
+    #: The member's NELI id (``name#suffix``) seen in its newest heartbeat, if any.
+    neli_member: str | None = None
+    heartbeat_age: float | None = None
+
+
+@dataclass
+class RoleStatus:
+    role: str
+    group: str
+    state: str
+    protocol: str
+    partition: int | None
+    members: list[MemberStatus] = field(default_factory=list)
+    leader_member: str | None = None
+    leader_deployment: str | None = None
+    leader_heartbeat_age: float | None = None
+    #: Wall time of the first heartbeat of the leader's current spell (None: no leader).
+    leader_since: float | None = None
+    session_timeout_ms: int | None = None
+    heartbeat_interval_ms: int | None = None
+    session_source: str = ""
+    committed_offset: int | None = None
+    end_offset: int | None = None
+    lag: int | None = None
+    notes: list[str] = field(default_factory=list)
+    #: Who led the role, oldest first, from the heartbeats in the leader topic's tail of the
+    #: members known to belong to the role (its group's members and its ledger records).
+    timeline: list[LeaderSpell] = field(default_factory=list)
+
+
+def _ck() -> Any:
+    import confluent_kafka
+    import confluent_kafka.admin  # noqa: F401
+
+    return confluent_kafka
+
+
+def _enum_name(value: Any) -> str:
+    name = getattr(value, "name", None)
+    return str(name if name is not None else value).lower()
+
+
+def _role_groups(admin: Any, target: ClusterSettings) -> dict[str, str]:
+    """{role: group id} of every consumer group of the namespace the cluster knows."""
+    names = target.names
+    result = admin.list_consumer_groups(request_timeout=target.connect_timeout).result(
+        timeout=target.connect_timeout + 5)
+    roles = {}
+    for listing in result.valid:
+        role = role_of_group(names, listing.group_id)
+        if role is not None:
+            roles[role] = listing.group_id
+    return roles
+
+
+def _heartbeats(target: ClusterSettings, topic: str, partitions: Sequence[int],
+                ends: dict[int, int]) -> list[tuple[float, str, int]]:
+    """Every heartbeat in the topic's tail: (wall time, NELI member id, partition), by time."""
+    ck = _ck()
+    todo = {p: ends[p] for p in partitions if ends.get(p, 0) > 0}
+    seen: list[tuple[float, str, int]] = []
+    if not todo:
+        return seen
+    consumer = ck.Consumer(_client_config(target, **{
+        "group.id": f"neli-status-{uuid.uuid4().hex}",  # assign() only: never joins
+        "enable.auto.commit": False, "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+    }))
+    deadline = time.monotonic() + target.connect_timeout
+    try:
+        consumer.assign([ck.TopicPartition(topic, p, max(0, end - TAIL_RECORDS))
+                         for p, end in todo.items()])
+        while todo and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=1000, timeout=0.2):
+                error = message.error()
+                if error is not None:
+                    if error.code() == ck.KafkaError._PARTITION_EOF:
+                        todo.pop(message.partition(), None)
+                    continue
+                if message.offset() + 1 >= todo.get(message.partition(), 0):
+                    todo.pop(message.partition(), None)
+                beat = decode_heartbeat(message.key(), message.value())
+                if beat is None:
+                    continue
+                _, ts = message.timestamp()
+                wall = ts / 1000 if ts and ts > 0 else beat.sent_wall
+                seen.append((wall, beat.member, message.partition()))
+    finally:
+        consumer.close()
+    seen.sort()
+    return seen
+
+
+def _newest(beats: Sequence[tuple[float, str, int]]) -> dict[str, tuple[float, int]]:
+    """{NELI member id: (wall time of its newest heartbeat, partition)}."""
+    newest: dict[str, tuple[float, int]] = {}
+    for wall, member, partition in beats:
+        newest[member] = (wall, partition)  # beats are in time order
+    return newest
+
+
+def _timeline(beats: Sequence[tuple[float, str, int]], partition: int, members: set[str],
+              deployments: dict[str, str], lease: float) -> list[LeaderSpell]:
+    """Spells of leadership on ``partition`` by ``members``: a new one on a change of member or
+    after a gap longer than the lease (the member lost it, or fenced itself, and came back)."""
+    spells: list[LeaderSpell] = []
+    for wall, member, p in beats:
+        if p != partition or member not in members:
+            continue
+        last = spells[-1] if spells else None
+        if last is not None and last.member == member and wall - last.end <= lease:
+            last.end = wall
+            last.heartbeats += 1
+        else:
+            spells.append(LeaderSpell(member=member, deployment=deployments.get(member),
+                                      start=wall, end=wall, heartbeats=1))
+    return spells[-TIMELINE_SPELLS:]
+
+
+def _ledger_members(target: ClusterSettings, roles: Sequence[str],
+                    history: LedgerHistory | None = None) -> dict[tuple[str, str], str]:
+    """{(role, NELI member id): deployment} from the ledger; empty if it cannot be read."""
+    from neli_orchestrate.ledger.history import read_history
+
+    if history is None:
+        try:
+            history = read_history(target.ledger_config(), roles=roles)
+        except KafkaUnavailableError:
+            return {}
+    return {(e.role, e.record.member): e.record.deployment for e in history.entries
+            if e.record is not None and e.role is not None}
+
+
+def _group_session(admin: Any, target: ClusterSettings, group: str,
+                   broker: dict[str, str]) -> tuple[int | None, int | None, str]:
+    settings = describe_config(admin, "GROUP", group, target.connect_timeout) or {}
+    session = settings.get("consumer.session.timeout.ms")
+    heartbeat = settings.get("consumer.heartbeat.interval.ms")
+    if session is not None:
+        return int(session), int(heartbeat) if heartbeat else None, "group config"
+    session = broker.get("group.consumer.session.timeout.ms")
+    heartbeat = broker.get("group.consumer.heartbeat.interval.ms")
+    return (int(session) if session else None, int(heartbeat) if heartbeat else None,
+            "broker default")
+
+
+def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: str = "default",
+                   now: float | None = None,
+                   history: LedgerHistory | None = None) -> list[RoleStatus]:
+    """The status of ``roles`` (all roles with a consumer group if empty).
+
+    ``history``: the ledger as already read by the caller (it names each member's deployment);
+    read here if not given.
+    """
+    ck = _ck()
+    names = target.names
+    lease = NeliConfig(profile=profile).resolved.heartbeat_timeout
+    admin = ck.admin.AdminClient(_client_config(target))
+    try:
+        # first: an unreachable cluster must be an error, not "no roles"
+        metadata = admin.list_topics(topic=names.leader_topic, timeout=target.connect_timeout)
+        groups = ({role: names.group_id(role) for role in roles} if roles
+                  else _role_groups(admin, target))
+        if not groups:
+            return []
+        described = admin.describe_consumer_groups(list(groups.values()),
+                                                   request_timeout=target.connect_timeout)
+    except ck.KafkaException as exc:
+        raise KafkaUnavailableError(
+            f"cannot read the groups of namespace {target.namespace!r} at "
+            f"{target.bootstrap_servers}: {exc}") from exc
+    meta = metadata.topics.get(names.leader_topic)
+    count = len(meta.partitions) if meta is not None and meta.error is None else 0
+    ends: dict[int, int] = {}
+    if count:
+        tps = [ck.TopicPartition(names.leader_topic, p) for p in range(count)]
+        offsets = admin.list_offsets({tp: ck.admin.OffsetSpec.latest() for tp in tps},
+                                     request_timeout=target.connect_timeout)
+        ends = {tp.partition: int(f.result(timeout=target.connect_timeout + 5).offset)
+                for tp, f in offsets.items()}
+    all_beats = _heartbeats(target, names.leader_topic, list(range(count)), ends)
+    beats = _newest(all_beats)
+    deployments = _ledger_members(target, list(groups), history)
+    broker = broker_config(admin, target.connect_timeout) or {}
+    wall = time.time() if now is None else now
+
+    result = []
+    for role, group in sorted(groups.items()):
+        try:
+            description = described[group].result(timeout=target.connect_timeout + 5)
+        except Exception as exc:  # noqa: BLE001 - shown per role
+            result.append(RoleStatus(role=role, group=group, state="unknown", protocol="?",
+                                     partition=None, notes=[f"cannot describe group: {exc}"]))
+            continue
+        protocol = _enum_name(description.type)
+        partition = partition_for(0, count) if count else None
+        st = RoleStatus(role=role, group=group, state=_enum_name(description.state),
+                        protocol=protocol, partition=partition)
+        for m in description.members or []:
+            tps = getattr(m.assignment, "topic_partitions", None) or []
+            member = MemberStatus(
+                member_id=m.member_id, client_id=m.client_id, host=m.host,
+                partitions=sorted(tp.partition for tp in tps if tp.topic == names.leader_topic))
+            name = m.client_id[len("neli-"):] if m.client_id.startswith("neli-") else None
+            mine = [(at, neli) for neli, (at, p) in beats.items()
+                    if name is not None and neli.rsplit("#", 1)[0] == name and p == partition]
+            if mine:
+                at, member.neli_member = max(mine)
+                member.heartbeat_age = round(max(0.0, wall - at), 3)
+            st.members.append(member)
+            if partition in member.partitions and member.heartbeat_age is not None and \
+                    member.heartbeat_age < lease:
+                st.leader_member = member.neli_member
+                st.leader_heartbeat_age = member.heartbeat_age
+                st.leader_deployment = deployments.get((role, member.neli_member or ""))
+        if partition is not None:
+            by_member = {m: d for (r, m), d in deployments.items() if r == role}
+            known = set(by_member) | {m.neli_member for m in st.members if m.neli_member}
+            st.timeline = _timeline(all_beats, partition, known, by_member, lease)
+            if st.leader_member is not None:
+                spells = [sp for sp in st.timeline if sp.member == st.leader_member]
+                st.leader_since = spells[-1].start if spells else None
+        holders = [m for m in st.members if partition in m.partitions]
+        if holders and st.leader_member is None:
+            st.notes.append(f"partition {partition} is assigned but no fresh heartbeat "
+                            f"(within {lease:g} s) was seen: the holder is starting or fenced")
+        if not st.members:
+            st.notes.append("no members: no deployment is leading or waiting for this role")
+        if protocol == "consumer":
+            st.session_timeout_ms, st.heartbeat_interval_ms, st.session_source = _group_session(
+                admin, target, group, broker)
+        else:
+            st.session_source = "client setting of each member (classic protocol)"
+        if partition is not None:
+            try:
+                spec = ck.ConsumerGroupTopicPartitions(
+                    group, [ck.TopicPartition(names.leader_topic, partition)])
+                future = admin.list_consumer_group_offsets([spec],
+                                                           request_timeout=target.connect_timeout)
+                committed = future[group].result(timeout=target.connect_timeout + 5)
+                offset = committed.topic_partitions[0].offset
+                st.end_offset = ends.get(partition)
+                if offset is not None and offset >= 0:
+                    st.committed_offset = offset
+                    st.lag = max(0, (st.end_offset or 0) - offset)
+            except Exception as exc:  # noqa: BLE001
+                st.notes.append(f"cannot read committed offsets: {exc}")
+        result.append(st)
+    return result
+
+
+def entry_data(entry: HistoryEntry) -> dict[str, Any]:
+    """One ledger entry as JSON-safe data (times as ISO-8601 UTC)."""
+    record = entry.record
+    data: dict[str, Any] = {
+        "role": entry.role, "run_key": entry.run_key, "partition": entry.partition,
+        "offset": entry.offset, "timestamp": iso_time(entry.timestamp),
+    }
+    if record is not None:
+        data.update({
+            "state": record.state.value, "token": record.token,
+            "deployment": record.deployment, "member": record.member,
+            "attempt": record.attempt, "at": iso_time(record.at),
+            "handoff_deadline": iso_time(record.handoff_deadline) or None,
+            "reason": record.reason,
+        })
+    elif entry.error is not None:
+        data["error"] = entry.error
+    else:
+        data["tombstone"] = True
+    return data
+
+
+@dataclass
+class RoleOverview:
+    """What is known of one role: its status and the latest entry of each of its run keys."""
+
+    status: RoleStatus
+    #: The latest entry of each run key of the role, newest first.
+    runs: list[HistoryEntry] = field(default_factory=list)
+
+
+@dataclass
+class Overview:
+    """Leaders, members and recent ledger entries of a namespace, read at ``read_at``."""
+
+    namespace: str
+    bootstrap_servers: str
+    deployment: str
+    ledger_topic: str
+    roles: list[RoleOverview]
+    #: Every record of the run asked for (``run_key``), oldest first.
+    run_history: list[HistoryEntry] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    read_at: float = 0.0
+
+
+def collect_overview(target: ClusterSettings, deployment: str, roles: Sequence[str] = (),
+                     run_key: str | None = None, limit: int = LEDGER_ROWS) -> Overview:
+    """Read leaders, ledger and timeline of ``roles`` (every role of the namespace if empty)."""
+    from neli_orchestrate.ledger.history import read_history
+
+    warnings: list[str] = []
+    history: LedgerHistory | None
+    try:
+        history = read_history(target.ledger_config(), roles=list(roles) or None)
+    except KafkaUnavailableError as exc:
+        history = None
+        warnings.append(str(exc))
+    statuses = collect_status(target, list(roles), history=history)
+    latest = history.latest() if history is not None else {}
+    known = {s.role for s in statuses}
+    # roles that ran but have no group right now (no deployment is up for them)
+    extra = sorted({role for role, _ in latest} - known) if not roles else []
+    statuses += [RoleStatus(role=r, group=target.names.group_id(r), state="empty", protocol="-",
+                            partition=None, notes=["no consumer group: no deployment is "
+                                                   "leading or waiting for this role"])
+                 for r in extra]
+    overviews = []
+    for st in statuses:
+        runs = [e for (role, _), e in latest.items() if role == st.role]
+        runs.sort(key=lambda e: (e.record.at if e.record else 0.0, e.offset), reverse=True)
+        overviews.append(RoleOverview(status=st, runs=runs[:limit]))
+    run_history = []
+    if run_key is not None and history is not None:
+        run_history = [e for e in history.entries if e.run_key == run_key
+                       and (not roles or e.role in roles)]
+    if history is not None:
+        warnings += [f"unreadable ledger record at offset {e.offset} (role {e.role!r}, run key "
+                     f"{e.run_key!r}): {e.error}" for e in history.malformed()]
+    return Overview(namespace=target.namespace, bootstrap_servers=target.bootstrap_servers,
+                    deployment=deployment, ledger_topic=target.names.ledger_topic,
+                    roles=overviews, run_history=run_history, warnings=warnings,
+                    read_at=time.time())

@@ -1,0 +1,201 @@
+"""Spark applications behind a fenced SparkSubmitOperator: when the work is done, and stopping it.
+
+Usage::
+
+    problem = import_problem(task)                 # at DAG import: None, or what to set
+    problem = submission_problem(task._get_hook())  # at run time, from the provider's parsing
+    app = remote_application(hook)                  # after a fence: the driver on the cluster
+    status = confirm_stopped(task, app, context, deadline=30.0)  # or ApplicationNotStopped
+
+A fenced task records ``COMPLETED`` when the operator's ``execute`` returns, so ``execute`` must
+return only once the Spark application reached its final state. With the Apache Spark provider
+(6.3) that holds in every deploy mode it supports, except where a setting makes spark-submit
+return right after the submission:
+
+- ``spark.yarn.submit.waitAppCompletion=false`` in YARN cluster mode, unless the provider polls
+  the ResourceManager itself (``yarn_track_via_rm_api=True``);
+- ``spark.kubernetes.submission.waitAppCompletion=false`` in Kubernetes cluster mode, unless the
+  provider polls the driver pod (``track_driver_via_k8s_api=True``);
+- ``spark.submit.deployMode=cluster`` in ``conf`` while the operator and the connection say no
+  deploy mode: spark-submit submits in cluster mode and exits, but the provider, which reads the
+  deploy mode only from ``deploy_mode=`` and the connection's ``deploy-mode`` extra, neither
+  tracks nor kills the driver.
+
+These are refused, at DAG import where the values are literal and again at run time from the
+provider's own parsing of the connection (nothing is claimed then). Nothing here imports the
+Spark provider: it reads the operator's and the hook's attributes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ApplicationNotStopped",
+    "RemoteApplication",
+    "confirm_stopped",
+    "import_problem",
+    "remote_application",
+    "submission_problem",
+]
+
+YARN_WAIT = "spark.yarn.submit.waitAppCompletion"
+K8S_WAIT = "spark.kubernetes.submission.waitAppCompletion"
+DEPLOY_MODE = "spark.submit.deployMode"
+
+
+def _is_false(value: object) -> bool:
+    return isinstance(value, str | bool) and str(value).strip().lower() == "false"
+
+
+def _literal(conf: Mapping[Any, Any], key: str) -> object:
+    value = conf.get(key)
+    # A Jinja template is decided at run time (submission_problem), not at import.
+    return None if isinstance(value, str) and ("{{" in value or "{%" in value) else value
+
+
+def _problems(conf: Mapping[Any, Any], *, deploy_mode: str | None, yarn_rm_api: bool,
+              k8s_api: bool, yarn_cluster: bool | None, k8s_cluster: bool | None) -> str | None:
+    """The shared rules; ``yarn_cluster``/``k8s_cluster`` None means "not known yet" (import)."""
+    if _is_false(_literal(conf, YARN_WAIT)) and not yarn_rm_api and yarn_cluster is not False:
+        return (f"{YARN_WAIT}=false makes spark-submit return right after YARN accepted the "
+                "application, so the run would be recorded COMPLETED while it still runs (and "
+                f"lost if it then fails). Remove {YARN_WAIT} from conf, or pass "
+                "yarn_track_via_rm_api=True so the provider polls the ResourceManager until the "
+                "application's final state")
+    if _is_false(_literal(conf, K8S_WAIT)) and not k8s_api and k8s_cluster is not False:
+        return (f"{K8S_WAIT}=false makes spark-submit return once the driver pod exists, so the "
+                "run would be recorded COMPLETED while it still runs (and lost if it then "
+                f"fails). Remove {K8S_WAIT} from conf, or pass track_driver_via_k8s_api=True so "
+                "the provider polls the driver pod until it succeeded or failed")
+    mode = _literal(conf, DEPLOY_MODE)
+    if not deploy_mode and isinstance(mode, str) and mode.strip().lower() == "cluster":
+        return (f"{DEPLOY_MODE}=cluster in conf submits the driver to the cluster, but the "
+                "provider takes the deploy mode only from deploy_mode= (or the Spark "
+                "connection's 'deploy-mode' extra): it would neither wait for nor kill the "
+                "driver, and the run would be recorded COMPLETED at the submission. Pass "
+                f"deploy_mode='cluster' to the operator instead of {DEPLOY_MODE}")
+    return None
+
+
+def import_problem(task: Any) -> str | None:
+    """Why a SparkSubmitOperator behind a gate could record COMPLETED too early (DAG import).
+
+    Reads only the operator's own arguments (the connection may not be readable where DAGs are
+    parsed); templated values are left to :func:`submission_problem` at run time.
+    """
+    conf = task.conf if isinstance(getattr(task, "conf", None), Mapping) else {}
+    return _problems(
+        conf,
+        deploy_mode=getattr(task, "_deploy_mode", None),
+        yarn_rm_api=bool(getattr(task, "_yarn_track_via_rm_api", False)),
+        k8s_api=bool(getattr(task, "_track_driver_via_k8s_api", False)),
+        yarn_cluster=None,
+        k8s_cluster=None,
+    )
+
+
+def submission_problem(hook: Any) -> str | None:
+    """The same rules on a ``SparkSubmitHook``: master and deploy mode as the provider parsed
+    them from the connection and the operator."""
+    connection = hook._connection
+    deploy_mode = connection.get("deploy_mode")
+    return _problems(
+        hook._conf or {},
+        deploy_mode=deploy_mode,
+        yarn_rm_api=bool(hook._should_track_yarn_application_via_rm_api()),
+        k8s_api=bool(hook._should_track_driver_via_k8s_api()),
+        yarn_cluster=bool(hook._is_yarn_cluster_mode),
+        k8s_cluster=bool(hook._is_kubernetes and deploy_mode == "cluster"),
+    )
+
+
+@dataclass(frozen=True)
+class RemoteApplication:
+    """A driver that runs on the cluster, not in the task's process tree."""
+
+    #: ``standalone``, ``yarn`` or ``kubernetes``.
+    manager: str
+    #: What the provider tracks it by: driver id, YARN application id, ``namespace:pod``.
+    external_id: str
+    #: The cluster manager it runs on (master URL).
+    master: str
+
+    def __str__(self) -> str:
+        return f"{self.manager} application {self.external_id} on {self.master}"
+
+
+def remote_application(hook: Any) -> RemoteApplication | None:
+    """The driver the provider submitted to the cluster (cluster deploy mode), if it knows one.
+
+    Uses what the provider parsed from spark-submit's output: the standalone driver id, the
+    YARN application id, the Kubernetes driver pod. None in client and local mode (the driver
+    is spark-submit's own JVM, a child of the task process).
+    """
+    if hook is None:
+        return None
+    connection = hook._connection
+    master = str(connection.get("master"))
+    if connection.get("deploy_mode") != "cluster":
+        return None
+    if hook._should_track_driver_status and hook._driver_id:
+        return RemoteApplication("standalone", hook._driver_id, master)
+    if hook._is_yarn and hook._yarn_application_id:
+        return RemoteApplication("yarn", hook._yarn_application_id, master)
+    if hook._is_kubernetes and hook._kubernetes_driver_pod:
+        namespace = connection.get("namespace") or "default"
+        return RemoteApplication("kubernetes", f"{namespace}:{hook._kubernetes_driver_pod}",
+                                 master)
+    return None
+
+
+class ApplicationNotStopped(RuntimeError):  # noqa: N818 - reads as what happened
+    """A fenced or failed try could not confirm that its remote Spark application stopped."""
+
+    def __init__(self, application: RemoteApplication, detail: str) -> None:
+        self.application = application
+        super().__init__(
+            f"could not confirm that {application} stopped ({detail}): it may still be "
+            f"running. Check it on the cluster manager and kill it if so; a successor's "
+            f"output is protected only by the token-checked sink (docs/spark.md)"
+        )
+
+
+def confirm_stopped(
+    task: Any,
+    application: RemoteApplication,
+    context: Any,
+    *,
+    deadline: float,
+    poll: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Ask the cluster manager for ``application``'s state until it is no longer active.
+
+    Uses the provider's own status query and state sets (``get_job_status``,
+    ``is_job_active``) of the stock SparkSubmitOperator. Returns the final state; raises
+    :class:`ApplicationNotStopped` if the manager still shows it active, or cannot be asked,
+    within ``deadline`` seconds.
+    """
+    end = clock() + deadline
+    last = "no answer yet"
+    while True:
+        try:
+            status = str(task.get_job_status(application.external_id, context))
+        except Exception as exc:  # noqa: BLE001 - unreachable manager: keep asking until the end
+            last = f"the cluster manager did not answer: {type(exc).__name__}: {exc}"
+        else:
+            if not task.is_job_active(status):
+                logger.info("%s is stopped: %s", application, status)
+                return status
+            last = f"still {status}"
+        if clock() >= end:
+            raise ApplicationNotStopped(application, f"{last} after {deadline:g} s")
+        sleep(poll)

@@ -1,0 +1,355 @@
+"""A JVM application in cluster deploy mode on a real Spark standalone cluster, behind the gate.
+
+Real components: the session's Spark standalone cluster (``spark_cluster``: master + worker from
+the pyspark wheel, REST submission server on), the session's Kafka broker, and Airflow 3.3
+(``airflow dags test``: the Task SDK's task runner) running a stock ``SparkSubmitOperator`` with
+``deploy_mode="cluster"`` behind a ``LeaderGateOperator``. The driver is a small Java main,
+compiled here with ``javac``, that the worker runs as a cluster-mode driver (no SparkContext:
+what matters is where the driver runs and when it ends).
+
+- COMPLETED only after the driver finished: the ledger's COMPLETED record is later than the
+  driver's own last write (causal order, not a timing guess), and the master shows FINISHED.
+- A fence mid-job (the task process frozen past its session, another deployment takes over)
+  kills the driver on the cluster: the master shows it KILLED, the try fails as fenced and its
+  log shows the kill confirmed by the master.
+- The same fence while the master's REST server is unreachable from the task: the try fails
+  naming the driver as possibly still running (and the master shows it still RUNNING).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dagtest_runner import run_dag, start_dag  # noqa: E402
+
+from neli_orchestrate.ledger import RunState  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.airflow, pytest.mark.kafka]
+
+JAVA_MAIN = """
+import java.nio.file.*;
+
+/** A cluster-mode driver: announce, work for N seconds, write the finish time, exit. */
+public class NeliClusterDriver {
+    public static void main(String[] args) throws Exception {
+        Path dir = Paths.get(args[0]);
+        long seconds = Long.parseLong(args[1]);
+        String token = System.getProperty("spark.neli.token", "none");
+        Files.createDirectories(dir);
+        Files.write(dir.resolve(token + ".started"), "started".getBytes());
+        long end = System.currentTimeMillis() + seconds * 1000;
+        while (System.currentTimeMillis() < end) {
+            Thread.sleep(100);
+        }
+        Files.write(dir.resolve(token + ".finished"),
+                    Long.toString(System.currentTimeMillis()).getBytes());
+    }
+}
+"""
+
+DAG = """
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG
+
+from neli_orchestrate.airflow import LeaderGateOperator
+
+with DAG("{dag_id}", schedule=None, start_date=pendulum.datetime(2013, 1, 1, tz="UTC")):
+    gate = LeaderGateOperator(task_id="gate", role="{role}", poke_interval=1,
+                              acquire_timeout=30, run_acquire_timeout=30)
+    gate >> SparkSubmitOperator(
+        task_id="job", conn_id="spark_cluster", application="{jar}",
+        java_class="NeliClusterDriver", deploy_mode="cluster", driver_memory="512m",
+        # spark-submit submits through the master's REST server only when told to
+        conf={{"spark.master.rest.enabled": "true"}},
+        application_args=["{out}", "{seconds}"], status_poll_interval=1, retries=0)
+"""
+
+RUN_KEY = "{dag_id}/2013-01-01T00:00:00+00:00"
+
+
+@pytest.fixture(scope="module")
+def driver_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("java")
+    (src / "NeliClusterDriver.java").write_text(JAVA_MAIN)
+    subprocess.run(["javac", "--release", "17", "NeliClusterDriver.java"], cwd=src, check=True)
+    subprocess.run(["jar", "cf", "neli-cluster-driver.jar", "NeliClusterDriver.class"], cwd=src,
+                   check=True)
+    return src / "neli-cluster-driver.jar"
+
+
+def neli_connection(bootstrap: str, namespace: str, deployment: str) -> dict[str, Any]:
+    return {"conn_type": "neli", "host": bootstrap, "extra": {
+        "deployment": deployment, "namespace": namespace, "profile": "fast",
+        "session_timeout": 3, "heartbeat_timeout": 1, "acquire_timeout": 3,
+        "handoff_timeout": 4}}
+
+
+def spark_connection(rest_port: int) -> dict[str, Any]:
+    return {"conn_type": "spark", "host": f"spark://127.0.0.1:{rest_port}",
+            "extra": {"deploy-mode": "cluster", "rest-port": rest_port}}
+
+
+def singleton(connection: dict[str, Any]) -> Any:
+    from airflow.sdk import Connection
+
+    from neli_orchestrate.airflow.hooks.neli import NeliHook
+
+    conn = Connection(conn_id="neli_test", conn_type="neli", host=connection["host"],
+                      extra=json.dumps(connection["extra"]))
+    return NeliHook("neli_test", connection=conn).get_singleton()
+
+
+@pytest.fixture
+def namespace(kafka_broker: str) -> str:
+    # a claim warms the broker's group and transaction coordinators (see tests/airflow)
+    ns = f"sc{uuid.uuid4().hex[:8]}"
+    with singleton(neli_connection(kafka_broker, ns, "warmup")) as s:
+        reservation = s.reserve("warmup", "warmup")
+        s.execute("warmup", "warmup", reservation.token, lambda run: None)
+    return ns
+
+
+def dag_source(dag_id: str, jar: Path, out: Path, seconds: int) -> str:
+    return DAG.format(dag_id=dag_id, role=dag_id, jar=jar, out=out, seconds=seconds)
+
+
+def spark_env() -> dict[str, str]:
+    from neli_orchestrate.spark.conf import spark_home
+
+    return {"SPARK_HOME": str(spark_home())}
+
+
+def failure(output: str) -> str:
+    """The lines of a dags test output that say what went wrong."""
+    keep = [line for line in output.splitlines()
+            if any(w in line for w in ("error", "Error", "Exception", "Fenced", "driver-"))]
+    return "\n".join(keep[-60:])
+
+
+def driver_ids(output: str) -> list[str]:
+    return sorted(set(re.findall(r"driver-\d{14}-\d{4}", output)))
+
+
+def test_cluster_mode_job_is_completed_only_after_its_driver_finished(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path
+) -> None:
+    out = tmp_path / "out"
+    result = run_dag(
+        tmp_path, dag_source("cluster_done", driver_jar, out, 4), "cluster_done",
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_cluster": spark_connection(spark_cluster.rest_port)},
+        env=spark_env())
+    assert result.returncode == 0, failure(result.output)
+    (driver,) = driver_ids(result.output)
+    assert spark_cluster.driver_state(driver) == "FINISHED"
+    (finished,) = out.glob("*.finished")
+    finished_at = int(finished.read_text()) / 1000
+    with singleton(neli_connection(kafka_broker, namespace, "us-east-1")) as s:
+        record = s.status("cluster_done", RUN_KEY.format(dag_id="cluster_done"))
+    assert record is not None and record.state is RunState.COMPLETED, record
+    assert finished.name == f"{record.token}.finished"  # the driver ran under this claim
+    assert record.at > finished_at, (record.at, finished_at)
+
+
+def wait_for(path: Path, pattern: str, proc: subprocess.Popen[str], log: Path,
+             timeout: float = 180) -> Path:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = list(path.glob(pattern))
+        if found:
+            return found[0]
+        assert proc.poll() is None, log.read_text()[-5000:]
+        assert time.monotonic() < deadline, log.read_text()[-5000:]
+        time.sleep(0.2)
+
+
+def take_over(kafka_broker: str, namespace: str, role: str, token: int,
+              proc: subprocess.Popen[str]) -> int:
+    """Freeze the task process past its session; another deployment takes the run over."""
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        with singleton(neli_connection(kafka_broker, namespace, "eu-west-1")) as other:
+            deadline = time.monotonic() + 120
+            while True:
+                assert time.monotonic() < deadline, "eu-west-1 never took the run over"
+                reservation = other.reserve(role, RUN_KEY.format(dag_id=role))
+                if reservation.should_run:
+                    break
+                time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert reservation.token > token
+    return int(reservation.token)
+
+
+def test_a_fence_kills_the_driver_on_the_cluster_and_confirms_it(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path
+) -> None:
+    out = tmp_path / "out"
+    proc = start_dag(
+        tmp_path, dag_source("cluster_fence", driver_jar, out, 600), "cluster_fence",
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_cluster": spark_connection(spark_cluster.rest_port)},
+        env=spark_env())
+    log = tmp_path / "dags_test.log"
+    try:
+        started = wait_for(out, "*.started", proc, log)
+        token = int(started.name.split(".")[0])
+        (driver,) = driver_ids(log.read_text())
+        assert spark_cluster.driver_state(driver) == "RUNNING"
+        take_over(kafka_broker, namespace, "cluster_fence", token, proc)
+        proc.wait(180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = log.read_text()
+    assert "Fenced" in output, output[-5000:]
+    assert spark_cluster.driver_state(driver) == "KILLED"
+    assert f"standalone application {driver} on" in output and "reports KILLED" in output
+    assert not list(out.glob("*.finished"))
+
+
+class CuttableProxy:
+    """A TCP proxy to the master's REST port that can be cut (connections refused after)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.cut = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.cut.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if self.cut.is_set():
+                client.close()
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """From now on the master is unreachable through this port (connection refused)."""
+        self.cut.set()
+        self.server.close()
+
+
+@pytest.fixture
+def rest_proxy(spark_cluster: Any) -> Iterator[CuttableProxy]:
+    proxy = CuttableProxy(spark_cluster.rest_port)
+    yield proxy
+    proxy.close()
+
+
+def test_a_fence_that_cannot_reach_the_master_says_the_driver_may_still_run(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path,
+    rest_proxy: CuttableProxy
+) -> None:
+    out = tmp_path / "out"
+    proc = start_dag(
+        tmp_path, dag_source("cluster_cut", driver_jar, out, 600), "cluster_cut",
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_cluster": spark_connection(rest_proxy.port)},
+        env={**spark_env(), "NELI_SPARK_KILL_CONFIRM_TIMEOUT": "5"})
+    log = tmp_path / "dags_test.log"
+    driver = None
+    try:
+        started = wait_for(out, "*.started", proc, log)
+        token = int(started.name.split(".")[0])
+        (driver,) = driver_ids(log.read_text())
+        rest_proxy.close()  # the region is cut off from the cluster manager
+        take_over(kafka_broker, namespace, "cluster_cut", token, proc)
+        proc.wait(240)
+        output = log.read_text()
+        assert "Fenced" in output, output[-5000:]
+        assert f"could not confirm that standalone application {driver}" in output, \
+            output[-5000:]
+        assert "may still be running" in output
+        # the report is true: the driver still runs on the cluster
+        assert spark_cluster.driver_state(driver) == "RUNNING"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if driver is not None:
+            spark_cluster.kill_driver(driver)
+
+
+TIMEOUT_PROBE = """
+import json
+import urllib.request
+from pathlib import Path
+
+from neli_orchestrate.ledger.kafka import KafkaLedgerWriter
+
+_write = KafkaLedgerWriter.write
+
+
+def write(self, record):
+    # At the moment a record is written, what does the master say about every driver?
+    with urllib.request.urlopen("{json_url}", timeout=10) as response:
+        state = json.loads(response.read().decode())
+    drivers = {{d["id"]: d["state"]
+               for d in state["activedrivers"] + state["completeddrivers"]}}
+    with Path("{probe}").open("a") as probe:
+        probe.write(json.dumps({{"record": str(record.state), "drivers": drivers}}) + "\\n")
+    return _write(self, record)
+
+
+KafkaLedgerWriter.write = write
+"""
+
+
+def test_an_execution_timeout_kills_the_driver_before_failed_is_recorded(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path
+) -> None:
+    out, probe = tmp_path / "out", tmp_path / "probe.jsonl"
+    source = dag_source("cluster_timeout", driver_jar, out, 600).replace(
+        "retries=0)", "retries=0, execution_timeout=__import__('datetime').timedelta(seconds=45))")
+    source += TIMEOUT_PROBE.format(json_url=spark_cluster.json_url, probe=probe)
+    result = run_dag(
+        tmp_path, source, "cluster_timeout",
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_cluster": spark_connection(spark_cluster.rest_port)},
+        env=spark_env())
+    assert "AirflowTaskTimeout" in result.output, failure(result.output)
+    assert list(out.glob("*.started")), "the driver never started before the timeout"
+    (driver,) = driver_ids(result.output)
+    notes = [json.loads(line) for line in probe.read_text().splitlines()]
+    failed = [n for n in notes if n["record"] == "FAILED"]
+    assert failed, notes
+    # Whenever FAILED was written, the master already showed the driver killed.
+    assert all(n["drivers"][driver] == "KILLED" for n in failed), failed
+    assert not list(out.glob("*.finished"))

@@ -1,0 +1,62 @@
+"""The read model is the library's, not the CLI's: no module reaches into another package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "neli_orchestrate"
+
+
+def _package(module: str) -> str:
+    """``neli_orchestrate.cli.status`` -> ``neli_orchestrate.cli``; top-level modules alone."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_module_imports_a_private_name_of_another_package() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                    "neli_orchestrate"):
+                continue
+            module = node.module or ""
+            if _package(module) == _package(here):
+                continue
+            private = [part for part in module.split(".") if part.startswith("_")]
+            private += [a.name for a in node.names if a.name.startswith("_")
+                        and not a.name.startswith("__")]
+            if private:
+                found.append(f"{here} imports {private} from {module}")
+    assert found == []
+
+
+def test_the_cli_and_the_airflow_page_read_through_the_read_model() -> None:
+    import importlib
+
+    from neli_orchestrate import observe
+    from neli_orchestrate.airflow.plugins import leadership
+
+    status, ledger, _output = (importlib.import_module(f"neli_orchestrate.cli.{name}")
+                               for name in ("status", "ledger", "_output"))
+
+    assert status.collect_status is observe.collect_status
+    assert ledger._entry_json is observe.entry_data and _output.when is observe.iso_time
+    assert leadership.collect_overview is observe.collect_overview
+
+
+def test_the_dagster_resource_reads_through_the_read_model(monkeypatch) -> None:
+    from neli_orchestrate.dagster import NeliResource, resource
+
+    seen = {}
+    monkeypatch.setattr(resource, "collect_overview",
+                        lambda *args: seen.setdefault("args", args))
+    neli = NeliResource(bootstrap_servers="kafka:9092", deployment="eu-1", namespace="acme",
+                        kafka_config={"client.rack": "az1"})
+    neli.overview(["daily"], "2013-01-05")
+    cluster, deployment, roles, run_key = seen["args"]
+    assert (deployment, roles, run_key) == ("eu-1", ["daily"], "2013-01-05")
+    assert cluster.names.ledger_topic == "acme.ledger"
+    assert cluster.client_config() == {"bootstrap.servers": "kafka:9092", "client.rack": "az1"}
