@@ -80,9 +80,14 @@ EXIT_CONFIG = 78
 #: Kafka did not answer within ``--wait-timeout`` (sysexits EX_UNAVAILABLE).
 EXIT_UNAVAILABLE = 69
 
-#: The environment COMMAND receives (the names the Airflow integration gives fenced tasks).
-ENV_TOKEN, ENV_RUN_KEY, ENV_ROLE = "NELI_TOKEN", "NELI_RUN_KEY", "NELI_ROLE"
-ENV_DEPLOYMENT, ENV_NAMESPACE = "NELI_DEPLOYMENT", "NELI_NAMESPACE"
+#: Besides the claim's own environment form (``Claim.env``: ``NELI_TOKEN``, ``NELI_RUN_KEY``,
+#: ``NELI_ROLE``, ``NELI_DEPLOYMENT``), COMMAND learns the namespace it ran in.
+ENV_NAMESPACE = "NELI_NAMESPACE"
+
+
+def _command_env(run: Any, target: Target) -> dict[str, str]:
+    """COMMAND's environment: ours, plus the claim in its one environment form."""
+    return {**os.environ, **run.claim.env(), ENV_NAMESPACE: target.namespace}
 
 
 # -- run-key templates -----------------------------------------------------------------------
@@ -390,9 +395,7 @@ def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
         try:
             with _terminate_on_signals(), single.claim(settings.role, run_key) as run:
                 if run.should_run:
-                    env = {**os.environ, ENV_TOKEN: str(run.token), ENV_RUN_KEY: run_key,
-                           ENV_ROLE: settings.role, ENV_DEPLOYMENT: settings.deployment,
-                           ENV_NAMESPACE: target.namespace}
+                    env = _command_env(run, target)
                     log.info("role %r run %r: %s with token %s", settings.role, run_key,
                              run.outcome, run.token)
                     code = _supervise(run, command, env, grace=settings.grace,
@@ -486,9 +489,7 @@ def hold(single: Any, settings: _Settings, target: Target, command: Sequence[str
                 if run.should_run:
                     ran = True
                     stints += 1
-                    env = {**os.environ, ENV_TOKEN: str(run.token), ENV_RUN_KEY: run_key,
-                           ENV_ROLE: settings.role, ENV_DEPLOYMENT: settings.deployment,
-                           ENV_NAMESPACE: target.namespace}
+                    env = _command_env(run, target)
                     _result(as_json, {"role": settings.role, "event": "leading",
                                       "deployment": settings.deployment, "token": run.token,
                                       "run_key": run_key},
