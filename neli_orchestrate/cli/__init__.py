@@ -4,6 +4,8 @@
     neli-orchestrate status [--role R]              # leaders, members, protocol, lag per role
     neli-orchestrate ledger list [--state FAILED]   # latest state of every run key
     neli-orchestrate ledger history ROLE RUN_KEY    # every record of one run key
+    neli-orchestrate run --role R --run-key 'daily/{date}' -- CMD   # CMD once, any region
+    neli-orchestrate run --hold --role R -- CMD     # CMD while this deployment leads R
     neli-orchestrate doctor                         # each finding with its fix; exit 1 on errors
     neli-orchestrate kafka start [--background]     # a local broker for development
     neli-orchestrate demo [--keep]                  # two Airflow regions, each date once
@@ -24,6 +26,7 @@ from neli_orchestrate.cli.demo import demo
 from neli_orchestrate.cli.doctor import doctor
 from neli_orchestrate.cli.kafka import kafka
 from neli_orchestrate.cli.ledger import ledger
+from neli_orchestrate.cli.run import run
 from neli_orchestrate.cli.status import status
 
 __all__ = ["cli", "main"]
@@ -54,6 +57,7 @@ cli.add_command(ledger)
 cli.add_command(doctor)
 cli.add_command(kafka)
 cli.add_command(demo)
+cli.add_command(run)
 
 
 def main(argv: list[str] | None = None) -> int:

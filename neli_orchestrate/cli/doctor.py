@@ -31,7 +31,7 @@ from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.observe import broker_config, describe_config
 
-__all__ = ["Finding", "broker_config", "describe_config", "diagnose", "doctor"]
+__all__ = ["Finding", "broker_config", "broker_release", "describe_config", "diagnose", "doctor"]
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 
@@ -56,6 +56,32 @@ def _code(exc: BaseException) -> str:
     err = args[0] if args else None
     name = getattr(err, "name", None)
     return str(name()) if callable(name) else ""
+
+
+#: The Kafka releases the compatibility job tests (README.md, "Supported Kafka").
+OLDEST_TESTED, NEWEST_TESTED = "3.9.1", "4.4.0"
+
+
+def broker_release(broker: dict[str, str] | None) -> tuple[str | None, str]:
+    """The broker's Kafka release as far as its configuration tells, and how it was read.
+
+    Clients are not told a broker's release. A 3.x broker still lists
+    ``inter.broker.protocol.version`` (e.g. ``3.9-IV0``: release 3.9); 4.0 removed it, with
+    every ZooKeeper setting, so a broker without either is 4.x.
+    """
+    if broker is None:
+        return None, "the broker's configuration is not readable"
+    ibp = broker.get("inter.broker.protocol.version")
+    if ibp:
+        return ibp.split("-", 1)[0], f"inter.broker.protocol.version={ibp}"
+    if any(key.startswith("zookeeper.") for key in broker):
+        return None, "a ZooKeeper-era broker without inter.broker.protocol.version"
+    return "4.x", "no inter.broker.protocol.version or ZooKeeper settings (removed in 4.0)"
+
+
+def _major_minor(release: str) -> tuple[int, int]:
+    major, _, rest = release.partition(".")
+    return int(major), int(rest.split(".", 1)[0] or 0)
 
 
 class _Doctor:
@@ -96,6 +122,19 @@ class _Doctor:
                      "broker-side timeout checks below are skipped",
                      "grant DESCRIBE_CONFIGS on the cluster to this principal for the doctor")
         return True
+
+    def version(self) -> None:
+        release, how = broker_release(self.broker)
+        tested = f"the tested range is Kafka {OLDEST_TESTED} to {NEWEST_TESTED}"
+        if release is None:
+            self.add("version", WARNING, f"cannot tell the broker's Kafka release ({how}); "
+                     f"{tested}", "grant DESCRIBE_CONFIGS on the cluster to read it")
+        elif release == "4.x" or _major_minor(release) >= _major_minor(OLDEST_TESTED):
+            self.add("version", OK, f"Kafka {release} ({how}); {tested}")
+        else:
+            self.add("version", WARNING, f"Kafka {release} ({how}) is older than the oldest "
+                     f"tested release; {tested}", f"upgrade the brokers to {OLDEST_TESTED} or "
+                     f"later")
 
     def kip848(self) -> None:
         r = self.neli.resolved
@@ -397,6 +436,7 @@ def diagnose(target: Target, neli: NeliConfig) -> list[Finding]:
     """Run every check against ``target``; the findings, in order."""
     d = _Doctor(target, neli)
     if d.reachability():
+        d.version()
         d.kip848()
         d.timeouts()
         topics = d.topics()

@@ -267,6 +267,27 @@ def check_session_limits(broker: Mapping[str, str] | None, protocol: str,
         )
 
 
+def check_protocol_offered(broker: Mapping[str, str] | None, protocol: str,
+                           r: ResolvedConfig) -> None:
+    """Raise :class:`ConfigError` at start if ``protocol`` is one the broker does not offer.
+
+    Without this a ``consumer`` (KIP-848) member on a broker that offers only classic groups
+    (Kafka 3.x, or 4.x with ``group.coordinator.rebalance.protocols=classic``) fails inside
+    librdkafka on its first group heartbeat, far from the setting that caused it.
+    """
+    if broker is None or protocol != "consumer":
+        return  # classic is offered by every broker; an unreadable config cannot be judged
+    offered = broker.get(_PROTOCOLS_KEY)
+    if offered is not None and "consumer" in [p.strip() for p in offered.split(",")]:
+        return
+    shown = "not set: the broker predates KIP-848" if offered is None else offered
+    raise ConfigError(
+        f"the cluster lacks the KIP-848 consumer group protocol that group {r.group_id!r} asks"
+        f" for (group_protocol='consumer'; the broker's {_PROTOCOLS_KEY}={shown}): use"
+        f" group_protocol='auto' or 'classic', or run Kafka 4.0+ with 'consumer' in"
+        f" {_PROTOCOLS_KEY}")
+
+
 def choose_group_protocol(broker: Mapping[str, str] | None,
                           r: ResolvedConfig) -> tuple[GroupProtocol, str]:
     """The group protocol this member uses, and why (for the log).
@@ -303,6 +324,7 @@ _told: set[tuple[str, str, str]] = set()
 def resolve_protocol(broker: Mapping[str, str] | None, r: ResolvedConfig) -> ResolvedConfig:
     """``r`` with the group protocol chosen (and checked against the broker's limits)."""
     protocol, why = choose_group_protocol(broker, r)
+    check_protocol_offered(broker, protocol, r)
     check_session_limits(broker, protocol, r)
     # Said once per cluster and reason at INFO (a member is created per claim), then at DEBUG.
     first = (r.bootstrap_servers, protocol, why) not in _told

@@ -223,6 +223,7 @@ class KafkaLedger:
         if admin is None:
             admin = self._admin = _kafka().admin.AdminClient(self._client_config())
         partitions = self._topic_partitions(admin)
+        self._check_cluster(admin)
         if partitions is None:
             if not self.config.create_topic:
                 raise TopicMismatchError(
@@ -242,6 +243,49 @@ class KafkaLedger:
         self._check_cleanup_policy(admin)
         self._partitions = partitions
         return partitions
+
+    def _check_cluster(self, admin: Any) -> None:
+        """Refuse a cluster that lacks what the ledger needs: compaction and transactions.
+
+        Either would fail much later and far from its cause: without a log cleaner the ledger
+        grows forever and replays slow down without bound; a transaction coordinator that
+        cannot create ``__transaction_state`` makes every ``init_transactions()`` time out as
+        if the cluster were merely slow. Raises :class:`ConfigError` naming the feature.
+        """
+        ck = _kafka()
+        try:
+            metadata = admin.list_topics(timeout=self.config.request_timeout)
+            broker_id = min(metadata.brokers)
+            resource = ck.admin.ConfigResource(ck.admin.ResourceType.BROKER, str(broker_id))
+            configs = admin.describe_configs(
+                [resource], request_timeout=self.config.request_timeout
+            )[resource].result(timeout=self.config.request_timeout * 2)
+        except (ck.KafkaException, ValueError) as exc:
+            # DESCRIBE_CONFIGS on the cluster is not granted everywhere: warn, as for the topic
+            logger.warning("cannot verify that the cluster offers compaction and transactions"
+                           " (broker configuration not readable: %s)", exc)
+            return
+        broker = {key: entry.value for key, entry in configs.items() if entry.value is not None}
+        missing = []
+        if broker.get("log.cleaner.enable", "true").lower() == "false":
+            missing.append(
+                f"log compaction (broker {broker_id}: log.cleaner.enable=false, so the ledger"
+                f" topic {self.config.topic!r} would never be compacted; enable the log cleaner)")
+        live = len(metadata.brokers)
+        if "__transaction_state" not in metadata.topics:  # else the coordinator made it: fine
+            for key in ("transaction.state.log.replication.factor",
+                        "transaction.state.log.min.isr"):
+                wanted = int(broker.get(key, "1"))
+                if wanted > live:
+                    missing.append(
+                        f"working transactions, which fence earlier leaders (broker"
+                        f" {broker_id}: {key}={wanted} but {live} broker(s) are live, so the"
+                        f" transaction coordinator cannot create __transaction_state; lower"
+                        f" {key} to at most {live} or add brokers)")
+                    break
+        if missing:
+            raise ConfigError("the cluster lacks what the run ledger needs: "
+                              + "; and ".join(missing))
 
     def _topic_partitions(self, admin: Any) -> int | None:
         try:

@@ -4,7 +4,8 @@ Fixtures:
 
 - ``kafka_broker`` (session): bootstrap servers of a broker. ``NELI_TEST_BOOTSTRAP_SERVERS``
   points the tests at an existing cluster; otherwise a :class:`LocalKafka` is started once per
-  session. A broker that cannot start *fails* the requesting tests; it never skips them.
+  session (``NELI_TEST_KAFKA_VERSION`` picks its Kafka release, e.g. ``3.9.1``). A broker
+  that cannot start *fails* the requesting tests; it never skips them.
 - ``kafka_admin`` (session): a ``confluent_kafka.admin.AdminClient`` for that broker.
 - ``new_topic`` (function): ``new_topic(partitions=1, config=None) -> name`` creates a fresh,
   uniquely named topic.
@@ -38,6 +39,9 @@ from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
 from neli_orchestrate.testing.secured_kafka import SecuredLocalKafka
 
 BOOTSTRAP_ENV = "NELI_TEST_BOOTSTRAP_SERVERS"
+#: Kafka release the ``kafka_broker`` fixture starts (default: the pinned one); the
+#: compatibility job runs a subset of the suite against the oldest and newest supported.
+VERSION_ENV = "NELI_TEST_KAFKA_VERSION"
 
 # the fixtures' clients log through Python logging, never raw to stderr
 _librdkafka_log = logging.getLogger("neli_orchestrate.testing.librdkafka")
@@ -114,7 +118,8 @@ def kafka_broker() -> Iterator[str]:
             pytest.fail(str(exc), pytrace=False)
         yield external
         return
-    kafka = LocalKafka()
+    version = os.environ.get(VERSION_ENV, "").strip()
+    kafka = LocalKafka(version=version) if version else LocalKafka()
     try:
         kafka.start()
     except LocalKafkaError as exc:

@@ -1,0 +1,638 @@
+"""``neli-orchestrate run``: a command exactly once across deployments, or held while leading.
+
+Usage (the same line in every region's crontab; each region sets its own ``NELI_DEPLOYMENT``)::
+
+    neli-orchestrate run --role billing-export --run-key 'daily/{date}' -- ./export.sh
+    neli-orchestrate run --hold --role dagster-daemon -- dagster-daemon run
+
+One-shot (:func:`run_once`): :meth:`Singleton.claim` decides; if the run key is ours, COMMAND
+runs in its own process group with ``NELI_TOKEN``, ``NELI_RUN_KEY``, ``NELI_ROLE``,
+``NELI_DEPLOYMENT`` and ``NELI_NAMESPACE`` in its environment; its exit status becomes the
+ledger's ``COMPLETED`` (0) or ``FAILED`` and this command's exit status. Another deployment's
+completion prints ``done in <deployment> (token t)`` and exits 0; a live claim elsewhere is
+waited on (``--wait-timeout``). A fence stops COMMAND's process group (SIGTERM, then SIGKILL
+after ``--grace``) before anything is recorded and before leadership is released.
+
+Hold (:func:`hold`): COMMAND runs while this deployment leads ROLE (each stint is a claim of its
+own run key, ``hold/<time>/<deployment>/<pid>``, so the ledger shows who held it when, under
+which token); it is stopped as soon as leadership is lost and started again when this
+deployment leads again.
+
+A guard process (:data:`_GUARD_SOURCE`) outlives a frozen or killed runner: the runner pings it
+while it holds the claim; when the pings stop for the member's ``heartbeat_timeout`` (SIGSTOP,
+kill -9 of the runner) the guard stops COMMAND's process group, so it is gone before a successor
+can lead (after the session timeout). docs/run.md describes the exit statuses and the run-key
+templates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import click
+
+from neli_orchestrate.cli._context import Target, connection_options, setting_option
+from neli_orchestrate.cli._output import stderr
+from neli_orchestrate.errors import (
+    AuthorizationError,
+    ConfigError,
+    FencedError,
+    KafkaUnavailableError,
+    NeliError,
+)
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FENCED",
+    "EXIT_GAVE_UP",
+    "EXIT_UNAVAILABLE",
+    "EXIT_WAIT_TIMEOUT",
+    "render_run_key",
+    "run",
+]
+
+log = logging.getLogger(__name__)
+
+#: Waited past ``--wait-timeout`` while another deployment held the run (sysexits EX_TEMPFAIL:
+#: try again later). Nothing ran here.
+EXIT_WAIT_TIMEOUT = 75
+#: Fenced: leadership was lost while COMMAND ran; COMMAND was stopped and nothing recorded as
+#: completed (another deployment takes the run over with a larger token).
+EXIT_FENCED = 76
+#: The run key failed for good (``--max-attempts`` reached); reset it to run it again.
+EXIT_GAVE_UP = 77
+#: The cluster refused the settings or a permission (sysexits EX_CONFIG): fix and re-run.
+EXIT_CONFIG = 78
+#: Kafka did not answer within ``--wait-timeout`` (sysexits EX_UNAVAILABLE).
+EXIT_UNAVAILABLE = 69
+
+#: Besides the claim's own environment form (``Claim.env``: ``NELI_TOKEN``, ``NELI_RUN_KEY``,
+#: ``NELI_ROLE``, ``NELI_DEPLOYMENT``), COMMAND learns the namespace it ran in.
+ENV_NAMESPACE = "NELI_NAMESPACE"
+
+
+def _command_env(run: Any, target: Target) -> dict[str, str]:
+    """COMMAND's environment: ours, plus the claim in its one environment form."""
+    return {**os.environ, **run.claim.env(), ENV_NAMESPACE: target.namespace}
+
+
+# -- run-key templates -----------------------------------------------------------------------
+
+
+class _Minute(datetime):
+    """A datetime whose plain ``{datetime}`` is ``YYYY-MM-DDTHH:MM`` (no seconds, no offset)."""
+
+    def __str__(self) -> str:
+        return self.strftime("%Y-%m-%dT%H:%M")
+
+
+def _timezone(name: str) -> tzinfo | None:
+    """``utc``, ``local`` (None: the host's zone) or an IANA zone name."""
+    if name.lower() == "utc":
+        return ZoneInfo("UTC")
+    if name.lower() == "local":
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(f"unknown time zone {name!r}: use utc, local or an IANA name such as"
+                          f" Europe/Berlin") from exc
+
+
+def nominal_time(now: datetime, schedule: str | None) -> datetime:
+    """``now`` (aware), or the latest tick of the cron ``schedule`` at or before it.
+
+    Two regions whose cron lines fire a little apart (start-up delay, clock error) agree on
+    the tick as long as both start before the next one.
+    """
+    if schedule is None:
+        return now
+    try:
+        from croniter import croniter  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise ConfigError("--schedule needs croniter: pip install 'neli-orchestrate[cron]'"
+                          " (or use {date}-style keys without --schedule)") from exc
+    if not croniter.is_valid(schedule):
+        raise ConfigError(f"--schedule {schedule!r} is not a cron expression (five fields,"
+                          f" e.g. '0 2 * * *')")
+    # get_prev is strictly before its start: start one minute past now's minute, so a tick at
+    # exactly now's minute counts.
+    start = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    tick: datetime = croniter(schedule, start).get_prev(datetime)
+    return tick
+
+
+def render_run_key(template: str, *, now: datetime | None = None, timezone: str = "utc",
+                   schedule: str | None = None) -> str:
+    """The run key of ``template`` at ``now`` (default: the current time) in ``timezone``.
+
+    Fields: ``{date}`` (``2026-11-25``), ``{hour}`` (``2026-11-25T02``), ``{datetime}``
+    (``2026-11-25T02:00``), ``{now:%Y%m%d}`` (any strftime format; also ``{date:...}``).
+    With ``schedule`` (cron), the time is the schedule's latest tick at or before now.
+    A template without braces is the run key itself; ``{{``/``}}`` are literal braces.
+    """
+    zone = _timezone(timezone)
+    current = (now or datetime.now(tz=ZoneInfo("UTC"))).astimezone(zone)
+    when = nominal_time(current, schedule)
+    naive = _Minute(when.year, when.month, when.day, when.hour, when.minute, when.second)
+    fields = {"date": when.date(), "datetime": naive, "now": naive,
+              "hour": naive.strftime("%Y-%m-%dT%H")}
+    try:
+        key = template.format(**fields)
+    except KeyError as exc:
+        raise ConfigError(f"run key template {template!r}: unknown field {{{exc.args[0]}}};"
+                          f" use {{date}}, {{hour}}, {{datetime}} or {{now:%Y%m%d}}") from None
+    except (ValueError, IndexError) as exc:
+        raise ConfigError(f"run key template {template!r}: {exc} (write {{{{ and }}}} for"
+                          f" literal braces)") from None
+    if not key.strip():
+        raise ConfigError(f"run key template {template!r} renders an empty run key")
+    return key
+
+
+# -- COMMAND in its own process group, and the guard that outlives the runner ----------------
+
+#: The guard: ``python -c _GUARD_SOURCE PGID TIMEOUT GRACE`` reads pings on stdin. ``q`` ends
+#: it quietly (the runner stopped COMMAND itself); EOF (the runner died) or no ping for TIMEOUT
+#: seconds (the runner is frozen) stops the process group: SIGTERM, SIGKILL after GRACE. Exit
+#: status 3 says it stopped the group. Standard library only, so it starts in milliseconds.
+_GUARD_SOURCE = r"""
+import os, select, signal, sys, time
+pgid, timeout, grace = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+def alive():
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+def stop():
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + wait
+        while time.monotonic() < end and alive():
+            time.sleep(0.02)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    ready, _, _ = select.select([0], [], [], timeout)
+    if not ready:
+        stop(); sys.exit(3)
+    data = os.read(0, 4096)
+    if not data:
+        stop(); sys.exit(3)
+    if b"q" in data:
+        sys.exit(0)
+"""
+
+
+class Terminated(Exception):  # noqa: N818 - a signal, not an error of ours
+    """The runner received SIGTERM or SIGINT: stop COMMAND, record, exit 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class CommandFailed(Exception):
+    """COMMAND exited non-zero (recorded FAILED with this message)."""
+
+    def __init__(self, code: int, command: Sequence[str], why: str = "") -> None:
+        super().__init__(f"command {list(command)[:3]} exited with status {code}{why}")
+        self.code = code
+
+
+@dataclass
+class _Process:
+    """COMMAND running in its own process group, watched by a guard process."""
+
+    proc: subprocess.Popen[bytes]
+    guard: subprocess.Popen[bytes]
+    grace: float
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid
+
+    def ping(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.guard.stdin is not None
+            self.guard.stdin.write(b".")
+            self.guard.stdin.flush()
+
+    def stop(self, reason: str) -> None:
+        """SIGTERM to the process group, SIGKILL after the grace period; returns once gone."""
+        if self.proc.poll() is None:
+            log.warning("stopping command (pid %s, its process group): %s", self.pgid, reason)
+        for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + wait
+            while time.monotonic() < end and _group_alive(self.pgid, self.proc):
+                time.sleep(0.02)
+            if not _group_alive(self.pgid, self.proc):
+                break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5.0)
+
+    def release_guard(self) -> bool:
+        """End the guard quietly; True if the guard had stopped COMMAND itself."""
+        with contextlib.suppress(OSError, ValueError):
+            assert self.guard.stdin is not None
+            self.guard.stdin.write(b"q")
+            self.guard.stdin.close()
+        try:
+            code = self.guard.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            self.guard.kill()
+            code = self.guard.wait()
+        return code == 3
+
+
+def _group_alive(pgid: int, proc: subprocess.Popen[bytes]) -> bool:
+    proc.poll()  # reap the leader, or it counts as alive (a zombie still has its group)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _start(command: Sequence[str], env: Mapping[str, str], grace: float,
+           guard_timeout: float) -> _Process:
+    try:
+        proc = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
+    except OSError as exc:
+        raise CommandFailed(127, command) from exc
+    guard = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _GUARD_SOURCE, str(proc.pid), str(guard_timeout),
+         str(grace)],
+        stdin=subprocess.PIPE, start_new_session=True)
+    log.info("started %s (pid %s, own process group); guard pid %s", list(command)[:3],
+             proc.pid, guard.pid)
+    return _Process(proc, guard, grace)
+
+
+def _exit_status(returncode: int) -> int:
+    """A shell's exit status for ``returncode`` (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@contextlib.contextmanager
+def _terminate_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into :class:`Terminated` in the main thread, for the block."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _supervise(run: Any, command: Sequence[str], env: Mapping[str, str], *, grace: float,
+               guard_timeout: float, ping_interval: float) -> int:
+    """Run COMMAND under ``run`` (a :class:`~neli_orchestrate.singleton.Run`); its exit status.
+
+    A fence (the watchdog thread calls back) stops the process group before the claim block
+    can record or release anything; SIGTERM/SIGINT stop it too and re-raise as
+    :class:`Terminated`.
+    """
+    process = _start(command, env, grace, guard_timeout)
+    stop = threading.Event()
+
+    def pinger() -> None:
+        while not stop.wait(ping_interval):
+            if run.fenced:
+                return  # let the guard time out too if the fence callback cannot stop it
+            process.ping()
+
+    threading.Thread(target=pinger, name="neli-run-guard-ping", daemon=True).start()
+    run.on_fence(lambda reason: process.stop(f"fenced: {reason}"))
+    try:
+        try:
+            returncode = process.proc.wait()
+        except BaseException as exc:
+            process.stop(str(exc) or type(exc).__name__)
+            raise
+    finally:
+        stop.set()
+        guard_stopped = process.release_guard()
+    if guard_stopped and not run.fenced:
+        # the runner stalled past the heartbeat timeout yet kept leadership: the command was
+        # stopped all the same, so the run failed (recorded FAILED; the same deployment retries)
+        raise CommandFailed(_exit_status(returncode), command,
+                            ": this runner stalled past the member's heartbeat timeout and its"
+                            " guard stopped the command")
+    return _exit_status(returncode)
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Settings:
+    role: str
+    deployment: str
+    grace: float
+    wait_timeout: float
+    poll: float
+    guard_timeout: float
+    ping_interval: float
+
+
+def _singleton(target: Target, **values: Any) -> Any:
+    """The Singleton of this deployment, from the cluster options and the settings options
+    (one conversion: :meth:`NeliSettings.singleton_config`)."""
+    from neli_orchestrate.settings import NeliSettings, parse
+    from neli_orchestrate.singleton import Singleton
+
+    settings = parse(NeliSettings, {**dict(target), **values}, where="option")
+    return Singleton(settings.singleton_config())
+
+
+def _result(as_json: bool, data: dict[str, Any], text: str | None, *, err: bool = False) -> None:
+    """The result line: JSON on stdout with ``--json``, else ``text`` (stdout or stderr)."""
+    if as_json:
+        click.echo(json.dumps(data, sort_keys=False, default=str))
+    elif text is not None:
+        click.echo(text, err=err)
+
+
+def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
+             command: Sequence[str], as_json: bool) -> int:
+    """The one-shot form: the exit status (see the module docstring and docs/run.md)."""
+    from neli_orchestrate.decision import Outcome
+
+    base = {"role": settings.role, "run_key": run_key, "deployment": settings.deployment}
+    deadline = time.monotonic() + settings.wait_timeout
+    last_wait = ""
+    while True:
+        try:
+            with _terminate_on_signals(), single.claim(settings.role, run_key) as run:
+                if run.should_run:
+                    env = _command_env(run, target)
+                    log.info("role %r run %r: %s with token %s", settings.role, run_key,
+                             run.outcome, run.token)
+                    code = _supervise(run, command, env, grace=settings.grace,
+                                      guard_timeout=settings.guard_timeout,
+                                      ping_interval=settings.ping_interval)
+                    if code != 0:
+                        raise CommandFailed(code, command)  # recorded FAILED by the claim
+                    token = run.token
+                else:
+                    token = None
+                outcome, reason, record = run.outcome, run.reason, run.record
+        except CommandFailed as exc:
+            _result(as_json, {**base, "result": "failed", "ran_in": settings.deployment,
+                              "exit_status": exc.code}, None)
+            return exc.code
+        except Terminated as exc:
+            _result(as_json, {**base, "result": "terminated", "exit_status": 128 + exc.signum},
+                    f"{exc}: command stopped, run recorded FAILED", err=True)
+            return 128 + exc.signum
+        except FencedError as exc:
+            _result(as_json, {**base, "result": "fenced", "token": exc.token,
+                              "exit_status": EXIT_FENCED},
+                    f"fenced: {exc}. The command was stopped; nothing was recorded as"
+                    f" completed.", err=True)
+            return EXIT_FENCED
+        except KafkaUnavailableError as exc:  # transient: wait, up to --wait-timeout
+            if time.monotonic() >= deadline:
+                stderr.print(f"error: {exc}", highlight=False, markup=False)
+                return EXIT_UNAVAILABLE
+            log.warning("%s; retrying", exc)
+            time.sleep(settings.poll)
+            continue
+        if token is not None:
+            _result(as_json, {**base, "result": "ran", "ran_in": settings.deployment,
+                              "token": token, "exit_status": 0}, None)
+            return 0
+        if outcome is Outcome.SKIP_DONE:
+            where = record.deployment if record is not None else "?"
+            done_token = record.token if record is not None else None
+            _result(as_json, {**base, "result": "done", "ran_in": where, "token": done_token,
+                              "exit_status": 0}, f"done in {where} (token {done_token})")
+            return 0
+        if outcome is Outcome.GIVE_UP:
+            _result(as_json, {**base, "result": "gave_up", "exit_status": EXIT_GAVE_UP},
+                    f"gave up: {reason}. Reset it to run again: neli-orchestrate ledger reset"
+                    f" {settings.role} {run_key} --reason ...", err=True)
+            return EXIT_GAVE_UP
+        # WAIT: another deployment holds a live claim or leads the role
+        if reason != last_wait:
+            log.info("waiting: %s", reason)
+            last_wait = reason
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _result(as_json, {**base, "result": "wait_timeout", "reason": reason,
+                              "exit_status": EXIT_WAIT_TIMEOUT},
+                    f"waited {settings.wait_timeout:g} s: {reason}", err=True)
+            return EXIT_WAIT_TIMEOUT
+        with _terminate_on_signals_quietly() as stopped:
+            stopped.wait(min(settings.poll, remaining))
+        if stopped.is_set():
+            return 143
+
+
+@contextlib.contextmanager
+def _terminate_on_signals_quietly() -> Iterator[threading.Event]:
+    """While waiting (nothing runs here), SIGTERM/SIGINT just end the wait."""
+    stopped = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stopped.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stopped
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def hold(single: Any, settings: _Settings, target: Target, command: Sequence[str],
+         restart_delay: float, as_json: bool) -> int:
+    """The hold form: COMMAND runs while this deployment leads ``role``; returns on SIGTERM."""
+    stopping = threading.Event()
+    stints = 0
+    while not stopping.is_set():
+        stamp = datetime.now(tz=ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        run_key = f"hold/{stamp}/{settings.deployment}/{os.getpid()}"
+        ran = False
+        try:
+            with _terminate_on_signals(), single.claim(settings.role, run_key) as run:
+                if run.should_run:
+                    ran = True
+                    stints += 1
+                    env = _command_env(run, target)
+                    _result(as_json, {"role": settings.role, "event": "leading",
+                                      "deployment": settings.deployment, "token": run.token,
+                                      "run_key": run_key},
+                            f"leading {settings.role} (token {run.token}): starting command",
+                            err=True)
+                    code = _supervise(run, command, env, grace=settings.grace,
+                                      guard_timeout=settings.guard_timeout,
+                                      ping_interval=settings.ping_interval)
+                    _result(as_json, {"role": settings.role, "event": "exited",
+                                      "exit_status": code, "token": run.token},
+                            f"command exited with status {code} while leading; restarting"
+                            f" in {restart_delay:g} s", err=True)
+                    if code != 0:
+                        raise CommandFailed(code, command)
+        except Terminated as exc:
+            # stopped (the claim block recorded FAILED for a running stint): leave the group
+            _result(as_json, {"role": settings.role, "event": "stopped",
+                              "exit_status": 0}, f"{exc}: stopped", err=True)
+            return 0
+        except CommandFailed:
+            pass
+        except FencedError as exc:
+            _result(as_json, {"role": settings.role, "event": "fenced", "token": exc.token},
+                    f"fenced: {exc}. The command was stopped; contending again", err=True)
+        except KafkaUnavailableError as exc:
+            log.warning("%s; retrying", exc)
+        with _terminate_on_signals_quietly() as stopped:
+            stopped.wait(restart_delay if ran else settings.poll)
+        if stopped.is_set():
+            return 0
+    return 0
+
+
+def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float, float]:
+    """(grace, guard timeout, ping interval) from the member's timing; refuses a grace that
+    would let COMMAND outlive the session (a successor could start while it still runs)."""
+    resolved = single.config.neli.resolved
+    session, heartbeat = resolved.session_timeout, resolved.heartbeat_timeout
+    limit = max(0.0, (session - heartbeat) / 2)
+    if grace is None:
+        grace = limit
+    elif grace > limit:
+        raise ConfigError(
+            f"--grace {grace:g} s is too long for a session timeout of {session:g} s: COMMAND"
+            f" must be gone before a successor can lead, so the grace must stay below"
+            f" (session_timeout - heartbeat_timeout) / 2 = {limit:g} s; raise"
+            f" --session-timeout or shorten --grace")
+    elif grace < 0:
+        raise ConfigError(f"--grace must be zero or more seconds, got {grace:g}")
+    return grace, heartbeat, min(0.25, heartbeat / 4)
+
+
+# allow_interspersed_args off: everything from COMMAND on is COMMAND's, even without "--"
+@click.command(context_settings={"allow_interspersed_args": False})
+@connection_options
+@click.option("--role", required=True, help="the singleton role (unit of mutual exclusion)")
+@click.option("--run-key", default=None,
+              help="the run (unit of exactly-once); templates {date}, {hour}, {datetime}, "
+                   "{now:%Y%m%d} (required unless --hold)")
+@click.option("--hold", "hold_mode", is_flag=True,
+              help="keep COMMAND running while this deployment leads ROLE (restart it when "
+                   "leading again) instead of running it once")
+@setting_option("deployment", "--deployment", "-d", envvar="NELI_DEPLOYMENT",
+                show_envvar=True, required=False, default=socket.gethostname,
+                show_default="this host's name")
+@click.option("--timezone", "timezone_name", default="utc", show_default=True,
+              help="zone of the run-key template's time: utc, local or an IANA name")
+@click.option("--schedule", default=None, metavar="CRON",
+              help="the run key's time is this cron schedule's latest tick (needs croniter)")
+@click.option("--wait-timeout", type=float, default=3600.0, show_default=True,
+              help=f"seconds to wait while another deployment holds the run (then exit "
+                   f"{EXIT_WAIT_TIMEOUT})")
+@click.option("--grace", type=float, default=None,
+              help="seconds between SIGTERM and SIGKILL when COMMAND is stopped (default and "
+                   "limit: half of session timeout minus heartbeat timeout)")
+@setting_option("handoff_timeout", "--handoff-timeout",
+                help="seconds a FAILED run waits for its own deployment to retry before another "
+                     "may take it over")
+@setting_option("max_attempts", "--max-attempts")
+@click.option("--restart-delay", type=float, default=5.0, show_default=True,
+              help="--hold: seconds before contending again after COMMAND exited")
+@setting_option("profile", "--profile", help="timing profile of the role's group")
+@setting_option("group_protocol", "--group-protocol", help="group protocol of the role's group")
+@setting_option("session_timeout", "--session-timeout")
+@setting_option("heartbeat_timeout", "--heartbeat-timeout")
+@click.option("--json", "as_json", is_flag=True, help="print the result as one JSON line")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(target: Target, role: str, run_key: str | None, hold_mode: bool, deployment: str,
+        timezone_name: str, schedule: str | None, wait_timeout: float, grace: float | None,
+        handoff_timeout: float, max_attempts: int | None, restart_delay: float, profile: str,
+        group_protocol: str | None, session_timeout: float | None,
+        heartbeat_timeout: float | None,
+        as_json: bool, command: tuple[str, ...]) -> int:
+    """Run COMMAND once across every deployment of the namespace (or hold it while leading).
+
+    \b
+    neli-orchestrate run --role export --run-key 'daily/{date}' -- ./export.sh
+    neli-orchestrate run --hold --role dagster-daemon -- dagster-daemon run
+
+    Exit status: COMMAND's own when it ran here; 0 and "done in <deployment> (token t)" when
+    another deployment completed it; 75 waited past --wait-timeout; 76 fenced (COMMAND stopped,
+    nothing recorded as completed); 77 the run key failed for good; 78 refused settings or
+    permission; 69 Kafka unavailable. COMMAND gets NELI_TOKEN, NELI_RUN_KEY, NELI_ROLE,
+    NELI_DEPLOYMENT and NELI_NAMESPACE in its environment.
+    """
+    if not deployment or not deployment.strip():
+        raise click.BadParameter("must name this deployment", param_hint="--deployment")
+    if wait_timeout < 0:
+        raise click.BadParameter("must be zero or more seconds", param_hint="--wait-timeout")
+    if hold_mode:
+        if run_key is not None or schedule is not None:
+            raise click.BadParameter("--hold takes no --run-key/--schedule: each leadership"
+                                     " stint records its own run key", param_hint="--hold")
+        key = ""
+    else:
+        if run_key is None:
+            raise click.BadParameter("is required (or --hold)", param_hint="--run-key")
+        try:
+            key = render_run_key(run_key, timezone=timezone_name, schedule=schedule)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--run-key") from None
+    try:
+        single = _singleton(
+            target, deployment=deployment.strip(), profile=profile,
+            group_protocol=group_protocol, session_timeout=session_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+            acquire_timeout=max(5.0, min(60.0, wait_timeout)) if not hold_mode else 60.0,
+            handoff_timeout=handoff_timeout, max_attempts=max_attempts)
+        grace, guard_timeout, ping = _guard_bounds(single, grace)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+    session = single.config.neli.resolved.session_timeout
+    settings = _Settings(role=role, deployment=deployment.strip(), grace=grace,
+                         wait_timeout=wait_timeout, poll=min(2.0, max(0.1, session / 5)),
+                         guard_timeout=guard_timeout, ping_interval=ping)
+    try:
+        with single:
+            if hold_mode:
+                return hold(single, settings, target, command, restart_delay, as_json)
+            return run_once(single, settings, target, key, command, as_json)
+    except (AuthorizationError, ConfigError) as exc:
+        stderr.print(f"error: {exc}", highlight=False, markup=False)
+        return EXIT_CONFIG
+    except NeliError as exc:
+        stderr.print(f"error: {exc}", highlight=False, markup=False)
+        return 1
