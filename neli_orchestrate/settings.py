@@ -40,7 +40,7 @@ GroupProtocolName = Literal["auto", "classic", "consumer"]
 
 #: The numeric settings (seconds, attempts).
 _NUMBERS = ("connect_timeout", "session_timeout", "heartbeat_timeout", "handoff_timeout",
-            "acquire_timeout", "max_attempts")
+            "acquire_timeout", "max_attempts", "liveness_timeout")
 
 
 class ClusterSettings(BaseModel):
@@ -186,6 +186,15 @@ class NeliSettings(ClusterSettings):
         description="Seconds one attempt waits to become leader of the role before it answers "
         "WAIT.",
     )
+    liveness_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        title="Liveness timeout (s)",
+        description="Seconds of silence after which Kafka shows this deployment gone (its "
+        "liveness announcer: the Airflow scheduler listener, the Dagster sidecar); other "
+        "deployments then take its unfinished claims over at once. Longer than a routine "
+        "restart of the announcing component.",
+    )
     max_attempts: int | None = Field(
         default=None,
         ge=1,
@@ -227,6 +236,7 @@ class NeliSettings(ClusterSettings):
             handoff_timeout=self.handoff_timeout,
             acquire_timeout=self.acquire_timeout,
             max_attempts=self.max_attempts,
+            liveness_timeout=self.liveness_timeout,
         )
 
     def check(self) -> None:

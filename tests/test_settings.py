@@ -90,7 +90,7 @@ SAMPLES = {"deployment": "eu-1", "namespace": "acme2", "ledger_topic": "acme2.ru
            "kafka_config": {"client.rack": "az2"}, "connect_timeout": 3.5,
            "profile": "fast", "group_protocol": "classic", "session_timeout": 4.0,
            "heartbeat_timeout": 1.0, "handoff_timeout": 99.0, "acquire_timeout": 7.0,
-           "max_attempts": 4}
+           "max_attempts": 4, "liveness_timeout": 12.0}
 
 
 def test_the_hook_reads_every_form_field_into_the_settings() -> None:
@@ -104,6 +104,7 @@ def test_the_hook_reads_every_form_field_into_the_settings() -> None:
     # and the one conversion carries them to the core
     config = read.singleton_config()
     assert (config.handoff_timeout, config.acquire_timeout, config.max_attempts) == (99, 7, 4)
+    assert config.liveness_timeout == 12.0
     assert (config.neli.session_timeout, config.neli.group_protocol) == (4.0, "classic")
 
 

@@ -88,6 +88,7 @@ class NeliResource(dg.ConfigurableResource):
     session_timeout: float | None = settings.field("session_timeout")
     heartbeat_timeout: float | None = settings.field("heartbeat_timeout")
     max_attempts: int | None = settings.field("max_attempts")
+    liveness_timeout: float = settings.field("liveness_timeout")
     # Dagster's own: how a step waits while another deployment holds the run.
     wait_timeout: float = Field(
         default=300.0,
