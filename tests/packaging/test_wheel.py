@@ -59,11 +59,14 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: dict[str, Pat
     assert dist["sdist"].name == f"neli_orchestrate-{__version__}.tar.gz"
     run(sys.executable, "-m", "twine", "check", "--strict", dist["wheel"], dist["sdist"])
     sdist_names = tarfile.open(dist["sdist"]).getnames()
-    for name in ("CHANGELOG.md", "README.md", "pyproject.toml", "neli_orchestrate/cli/run.py"):
+    for name in ("CHANGELOG.md", "README.md", "LICENSE", "pyproject.toml",
+                 "neli_orchestrate/cli/run.py"):
         assert f"neli_orchestrate-{__version__}/{name}" in sdist_names, name
     names = zipfile.ZipFile(dist["wheel"]).namelist()
     assert "neli_orchestrate/py.typed" in names
     assert "neli_orchestrate/testing/kafka/pom.xml" in names  # LocalKafka's Maven recipe
+    assert "neli_orchestrate/testing/table_formats/pom.xml" in names  # the sinks' jars
+    assert f"neli_orchestrate-{__version__}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("tests/", "dags/", "integration/"))]
     metadata = zipfile.ZipFile(dist["wheel"]).read(
         f"neli_orchestrate-{__version__}.dist-info/METADATA").decode()
