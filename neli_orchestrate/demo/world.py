@@ -198,6 +198,9 @@ class World:
         )
         sources = [p for p in Path(self.settings.dags).iterdir() if p.name != "__pycache__"]
         env = {**self._policy_env(), **self.settings.region_env}
+        if self.spark_cluster is not None:
+            # the drivers (in the tasks) bind and advertise loopback, like the cluster
+            env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         configs = [
             RegionConfig(
                 name,
@@ -493,13 +496,21 @@ class World:
 
     def mid_job(self, dates: Sequence[str], *, after: float = 3.0) -> Span | None:
         """A Spark execution of ``dates`` whose PySpark driver has run ``after`` seconds, if any
-        (the JVM alone is still booting: that is not yet mid-job)."""
+        (the JVM alone is still booting: that is not yet mid-job). On the suite's standalone
+        cluster, also the application of its date must have been registered with the master
+        for ``after`` seconds: executors on the worker, the job under way there."""
         import psutil
 
         assert self.observer is not None
         now = time.time()
+        on_cluster = self._cluster_apps() if self.spark_cluster is not None else None
         for span in self.observer.running_jvms():
             if span.date not in dates or span.pid is None:
+                continue
+            if on_cluster is not None and not any(
+                name == f"nycflights_daily {span.date}" and now - started >= after
+                for name, started in on_cluster
+            ):
                 continue
             try:
                 drivers = [
@@ -511,6 +522,16 @@ class World:
             if any(now - d.create_time() >= after for d in drivers):
                 return span
         return None
+
+    def _cluster_apps(self) -> list[tuple[str, float]]:
+        """(name, start epoch) of the applications running on the suite's standalone cluster."""
+        try:
+            state = self.spark_cluster.state()
+        except OSError as exc:
+            logger.warning("could not read the Spark master's status: %s", exc)
+            return []
+        return [(str(app.get("name")), float(app.get("starttime", 0)) / 1000.0)
+                for app in state.get("activeapps", []) if app.get("state") == "RUNNING"]
 
     def wait_mid_job(
         self, dates: Sequence[str], *, after: float = 3.0, timeout: float = 300.0
