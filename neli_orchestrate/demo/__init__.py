@@ -77,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     console = Console()
+    if not console.is_terminal:  # piped or logged: wide enough for every column, not 80
+        console.width = 160
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="neli-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     log_to_file(workdir / "demo.log")
@@ -216,7 +218,7 @@ def _print_result(console, world, report, png: Path, wall: float) -> None:  # ty
     columns = ["date", "ran in", "ledger token"]
     if delta:
         # from the Delta table's own history: the version holding the date, the token in it
-        columns += ["Delta version", "Delta token", "Delta commits (version: token)"]
+        columns += ["Delta version", "Delta token", "Delta commits (v: token)"]
     else:
         columns += ["output token"]
     for column in (*columns, "skipped in", "failed in (reason)", "takeovers"):
