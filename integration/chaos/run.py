@@ -6,6 +6,7 @@ Usage::
     python -m integration.chaos --trials 5                       # every scenario, 5 trials each
     python -m integration.chaos --scenario kill-mid-job --trials 20
     python -m integration.chaos --scenario stop-past-session --broken no-fence   # must FAIL
+    python -m integration.chaos --spark-master local-cluster --scenario kill-mid-job
 
 One invocation starts the local Kafka (one broker, or ``--kafka-nodes 3``) and two regions
 once, then runs the trials one after another, round robin over the scenarios, each on a date
@@ -14,8 +15,10 @@ trigger the nycflights DAG for the date in every region at once, inject the scen
 wait for every run to end, and check (neli_orchestrate.demo.evidence):
 
 - duplicates = 0: no run key COMPLETED twice, no two live Spark executions of the date
-  overlapping in time (beyond the fence allowance; a frozen worker is not live), the published
-  output's token equals the COMPLETED record's;
+  overlapping in time (beyond the fence allowance; a frozen worker is not live); with the Delta
+  sink (default) every commit of the date in the table's history carries the COMPLETED token or
+  a lower, superseded one, the last carries the COMPLETED token and the rows are its rows (with
+  ``--sink directory``: the published output's token equals the COMPLETED record's);
 - lost = 0: the date is COMPLETED;
 - the faulted region's Spark task FAILED with a fencing reason, where the scenario fences it;
 - takeover time: fault → the other region's claim.
