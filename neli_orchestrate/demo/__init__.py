@@ -8,8 +8,12 @@ Usage::
 It starts a local Kafka broker and two Airflow 3.3 regions (api-server, scheduler with
 LocalExecutor, triggerer; own home, database and ports), triggers the nycflights example DAG
 for three dates in both regions at once, kills -9 the task process of the region running one
-date mid-job, and waits while the other region takes that date over. Then it prints a table
-(date → region that ran it, token, where skipped, takeovers), a summary line with the
+date mid-job, and waits while the other region takes that date over. The job writes a Delta
+table (``--sink delta``, the default; ``--sink directory`` for the directory guard) on
+``local[*]`` or, with ``--spark-master local-cluster|spark://H:P``, on a standalone cluster.
+Then it prints a table (date → region that ran it, the ledger's token, the Delta version and
+the token that committed it from the table's own history, where skipped, takeovers), a
+summary line with the
 duplicate and lost counts, writes ``neli-demo-timeline.png`` and ``neli-demo-report.json``
 into the working directory and prints the regions' UI URLs; ``--keep`` leaves them running
 until Ctrl-C. Exit status 0 only when duplicates = 0 and lost = 0.
