@@ -431,6 +431,7 @@ class World:
             self._table_session = local_table_session(
                 self.workdir / "warehouse", app_name="neli demo: Delta history", cores=1
             )
+            self._table_session.sparkContext.setLogLevel("ERROR")  # keep the console readable
         return self._table_session
 
     def table_state(self, date: str) -> TableState:
