@@ -202,4 +202,4 @@ def _delta_partition(root: str, ds: str | None) -> tuple[list[dict], dict]:
     rows = table.to_pyarrow_table(
         filters=[("date", "=", dt.date.fromisoformat(str(ds)))]
     ).to_pylist()
-    return rows, {"token": token, "delta_version": table.version(), "path": root}
+    return rows, {"token": token, "table_version": table.version(), "path": root}
