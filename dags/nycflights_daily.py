@@ -12,7 +12,8 @@ the token to the job as ``spark.neli.*`` conf and fails the task if the claim is
 
 - In the region that claims the run, ``claim_run`` pushes the fencing token, the Spark job runs
   under it (token in Spark conf ``spark.neli.*``; the job publishes Parquet through the
-  token-checked commit) and ``report`` summarises the published output.
+  token-checked commit, or commits the date's partition of a Delta table under it) and
+  ``report`` summarises the published output.
 - In the other regions ``claim_run`` waits while the claim is live and, once the run is
   COMPLETED, succeeds and skips the singleton ("completed by deployment X at T" in its log):
   ``daily_performance`` (the gate's child) and ``clean_scratch`` (named in
@@ -33,7 +34,12 @@ Needs, in every region:
   ``spark_default`` makes SparkSubmitOperator submit to YARN, e.g.
   ``AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[*]"}'``;
 - Variable ``nycflights_output``: the output root every region writes to (shared storage),
-  default ``/tmp/neli/nycflights_daily``.
+  default ``/tmp/neli/nycflights_daily``; with the Delta sink, the Delta table's path;
+- Variable ``nycflights_sink`` (optional): ``delta`` writes a Delta table whose commits carry
+  the token (``--sink delta``; the Delta jars come from
+  ``neli_orchestrate.testing.table_jars.ensure_table_format_jars()``'s cache, fetched with Maven
+  once), ``directory`` (the default) publishes Parquet behind the token commit guard (local
+  and NFS paths only; docs/spark.md).
 
 The DAG is daily over nycflights13's year (2013-01-01 .. 2013-12-31) with catchup off, so the
 scheduler creates no runs by itself; run dates with ``airflow backfill create --dag-id
@@ -57,6 +63,7 @@ from neli_orchestrate.spark import local_spark_conf, spark_home
 
 JOB = Path(__file__).resolve().parent / "jobs" / "nycflights_daily.py"
 OUTPUT = "{{ var.value.get('nycflights_output', '/tmp/neli/nycflights_daily') }}"
+SINK = "{{ var.value.get('nycflights_sink', 'directory') }}"
 # One role per date: dates are independent singletons, so a backfill runs them in parallel
 # (each role has its own NELI group; one holder at a time per date). A single role for all
 # dates (role="nycflights_daily") would run them one after another.
@@ -65,6 +72,26 @@ ROLE = "nycflights_daily/{{ ds }}"
 NYCFLIGHTS_DAILY = Asset("nycflights_daily_performance")
 # Spark's scratch space for one date's job (shuffle files, spills), on the worker that runs it.
 SCRATCH = "/tmp/neli/spark-scratch/nycflights_daily/{{ ds_nodash }}"
+# The job's Spark conf. On a shared standalone cluster an application takes every free core by
+# default: one core and small executors leave room for a second region's application (a
+# take-over while a frozen zombie still holds its executors). Ignored by local[*].
+SPARK_CONF = {
+    **local_spark_conf(),
+    "spark.local.dir": SCRATCH,
+    "spark.cores.max": "1",
+    "spark.executor.memory": "512m",
+    # Delta replays its log with 50 partitions by default (~20 s per job on a small table)
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
+
+
+def table_jars(sink: str) -> str:
+    """``--jars`` for ``sink``: the cached Delta jars for ``delta`` (fetched once), else none."""
+    if sink != "delta":
+        return ""
+    from neli_orchestrate.testing.table_jars import ensure_table_format_jars, spark_jars
+
+    return spark_jars(ensure_table_format_jars(), iceberg=False)
 
 with DAG(
     dag_id="nycflights_daily",
@@ -78,7 +105,7 @@ with DAG(
     tags=["neli", "spark", "example"],
     # Resolved when the task renders, not when the DAG is parsed: the file imports with the
     # `airflow` extra alone, and without PySpark the task fails saying `pip install pyspark`.
-    user_defined_macros={"spark_home": spark_home},
+    user_defined_macros={"spark_home": spark_home, "table_jars": table_jars},
 ) as dag:
     claim_run = LeaderGateOperator(
         task_id="claim_run",
@@ -102,13 +129,14 @@ with DAG(
         conn_id="spark_default",
         application=str(JOB),
         # the claim's token, run key, role and deployment are added as spark.neli.* conf
-        conf={**local_spark_conf(), "spark.local.dir": SCRATCH},
+        conf=SPARK_CONF,
+        jars="{{ table_jars(var.value.get('nycflights_sink', 'directory')) }}",
         env_vars={
             "SPARK_HOME": "{{ spark_home() }}",
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
         },
-        application_args=["--date", "{{ ds }}", "--output", OUTPUT],
+        application_args=["--date", "{{ ds }}", "--output", OUTPUT, "--sink", SINK],
         name="nycflights_daily_{{ ds_nodash }}",
         outlets=[NYCFLIGHTS_DAILY],
     )
@@ -123,30 +151,55 @@ with DAG(
     # Runs in every region: after the job here, or after the gate skipped it (done elsewhere).
     @task(trigger_rule="none_failed")
     def report(ds: str | None = None, params: dict | None = None) -> dict:
-        """Summarise the published output of the date (read back through the commit marker)."""
-        import pyarrow.parquet as pq
+        """Summarise the published output of the date (read back through the commit marker,
+        or from the Delta table with delta-rs: no Spark needed)."""
         from airflow.sdk import Variable
 
-        from neli_orchestrate.spark import TokenCommitGuard
-
         root = Variable.get("nycflights_output", default="/tmp/neli/nycflights_daily")
-        marker = TokenCommitGuard(root, partition_column="date").committed(ds)
-        if marker is None:
-            raise RuntimeError(f"no committed output for {ds} under {root}")
-        table = pq.read_table(marker.path).to_pylist()
+        if Variable.get("nycflights_sink", default="directory") == "delta":
+            table, meta = _delta_partition(root, ds)
+        else:
+            table, meta = _directory_partition(root, ds)
         flights = sum(row["flights"] for row in table)
         arrived = sum(row["arrived"] for row in table)
         on_time = sum(row["on_time"] for row in table)
         summary = {
             "date": ds,
-            "token": marker.token,
-            "deployment": marker.deployment,
+            **meta,
             "rows": len(table),
             "flights": flights,
             "on_time_share": round(on_time / arrived, 4) if arrived else None,
-            "path": str(marker.path),
         }
         logging.getLogger("airflow.task").info("nycflights %s: %s", ds, summary)
         return summary
 
     claim_run >> daily_performance >> [report(), clean_scratch()]
+
+
+def _directory_partition(root: str, ds: str | None) -> tuple[list[dict], dict]:
+    import pyarrow.parquet as pq
+
+    from neli_orchestrate.spark import TokenCommitGuard
+
+    marker = TokenCommitGuard(root, partition_column="date").committed(ds)
+    if marker is None:
+        raise RuntimeError(f"no committed output for {ds} under {root}")
+    meta = {"token": marker.token, "deployment": marker.deployment, "path": str(marker.path)}
+    return pq.read_table(marker.path).to_pylist(), meta
+
+
+def _delta_partition(root: str, ds: str | None) -> tuple[list[dict], dict]:
+    import datetime as dt
+
+    from deltalake import DeltaTable
+
+    from neli_orchestrate.spark.delta import delta_app_id
+
+    table = DeltaTable(root)
+    token = table.transaction_version(delta_app_id(f"nycflights_daily/{ds}", str(ds)))
+    if token is None:
+        raise RuntimeError(f"no token-checked commit for {ds} in the Delta table {root}")
+    rows = table.to_pyarrow_table(
+        filters=[("date", "=", dt.date.fromisoformat(str(ds)))]
+    ).to_pylist()
+    return rows, {"token": token, "table_version": table.version(), "path": root}

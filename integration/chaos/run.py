@@ -6,6 +6,7 @@ Usage::
     python -m integration.chaos --trials 5                       # every scenario, 5 trials each
     python -m integration.chaos --scenario kill-mid-job --trials 20
     python -m integration.chaos --scenario stop-past-session --broken no-fence   # must FAIL
+    python -m integration.chaos --spark-master local-cluster --scenario kill-mid-job
 
 One invocation starts the local Kafka (one broker, or ``--kafka-nodes 3``) and two regions
 once, then runs the trials one after another, round robin over the scenarios, each on a date
@@ -14,8 +15,10 @@ trigger the nycflights DAG for the date in every region at once, inject the scen
 wait for every run to end, and check (neli_orchestrate.demo.evidence):
 
 - duplicates = 0: no run key COMPLETED twice, no two live Spark executions of the date
-  overlapping in time (beyond the fence allowance; a frozen worker is not live), the published
-  output's token equals the COMPLETED record's;
+  overlapping in time (beyond the fence allowance; a frozen worker is not live); with the Delta
+  sink (default) every commit of the date in the table's history carries the COMPLETED token or
+  a lower, superseded one, the last carries the COMPLETED token and the rows are its rows (with
+  ``--sink directory``: the published output's token equals the COMPLETED record's);
 - lost = 0: the date is COMPLETED;
 - the faulted region's Spark task FAILED with a fencing reason, where the scenario fences it;
 - takeover time: fault → the other region's claim.
@@ -44,11 +47,13 @@ from typing import Any
 
 from neli_orchestrate.demo.evidence import Fault, kill_tree
 from neli_orchestrate.demo.world import (
+    SINKS,
     SPARK_TASK,
     Settings,
     World,
     log_to_file,
     run_key_of,
+    spark_master_arg,
     task_pids,
 )
 
@@ -141,10 +146,7 @@ def kill_mid_job(trial: Trial) -> Fault | None:
 
 def kill_after_job(trial: Trial) -> Fault | None:
     """kill -9 the task process after its job published the output, before COMPLETED."""
-    from neli_orchestrate.spark import TokenCommitGuard
-
     world = trial.world
-    guard = TokenCommitGuard(world.output, partition_column="date")
     key = run_key_of(trial.date)
     deadline = time.monotonic() + 600
     spark_pids: dict[str, list[int]] = {}
@@ -153,11 +155,11 @@ def kill_after_job(trial: Trial) -> Fault | None:
             pids = task_pids(world.region(name), by_date[trial.date], SPARK_TASK)
             if pids:
                 spark_pids[name] = pids
-        marker = guard.committed(trial.date)
-        if marker is not None:
-            pids = spark_pids.get(marker.deployment) or task_pids(
-                world.region(marker.deployment), trial.runs[marker.deployment][trial.date],
-                SPARK_TASK,
+        committed = world.sink_committed(trial.date)
+        if committed is not None:
+            deployment, _token = committed
+            pids = spark_pids.get(deployment) or task_pids(
+                world.region(deployment), trial.runs[deployment][trial.date], SPARK_TASK,
             )
             at = time.time()
             killed = [p for pid in pids for p in kill_tree(pid, signal.SIGKILL)]
@@ -165,7 +167,7 @@ def kill_after_job(trial: Trial) -> Fault | None:
                        for r in world.history())
             detail = "after publish, COMPLETED already written" if done else "after publish"
             return world.observer.fault(  # type: ignore[union-attr]
-                Fault("kill-after-job", marker.deployment, trial.date, at, killed, detail=detail)
+                Fault("kill-after-job", deployment, trial.date, at, killed, detail=detail)
             )
         time.sleep(0.05)
     return None
@@ -453,6 +455,9 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
         "takeover_seconds": outcome.takeover_seconds,
         "ran_in": outcome.ran_in,
         "token": outcome.token,
+        "sink": world.settings.sink,
+        "spark_master": world.settings.spark_master or "local[*]",
+        "table_versions": outcome.table_versions,
         "seconds": round(time.time() - began, 1),
         "report": report.to_json(),
     }
@@ -500,10 +505,16 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[index]
 
 
+def _label(result: dict[str, Any]) -> str:
+    """The table row of a trial: its scenario, marked when its Spark jobs ran on a cluster."""
+    master = result.get("spark_master") or "local[*]"
+    return result["scenario"] + ("" if master.startswith("local[") else " (standalone)")
+
+
 def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
-    for scenario in dict.fromkeys(r["scenario"] for r in results):
-        rows = [r for r in results if r["scenario"] == scenario]
+    for scenario in dict.fromkeys(_label(r) for r in results):
+        rows = [r for r in results if _label(r) == scenario]
         takeovers = [s for r in rows for s in r["takeover_seconds"]]
         fenced = [r["fenced_as_expected"] for r in rows if r["fenced_as_expected"] is not None]
         table[scenario] = {
@@ -615,6 +626,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="each region in its own network namespace (root; network-cut)")
     parser.add_argument("--dagster", action="store_true",
                         help="the Dagster scenario (two Dagster instances, kill -9 mid-step)")
+    parser.add_argument("--spark-master", type=spark_master_arg, default=None,
+                        metavar="local-cluster|spark://HOST:PORT",
+                        help="run the Spark jobs on a standalone cluster (PySpark client mode: "
+                        "executors on the worker): 'local-cluster' starts one here "
+                        "(LocalSparkCluster); default: local[*] inside each task")
+    parser.add_argument("--sink", choices=SINKS, default="delta",
+                        help="the job's sink: a Delta table (default; the check reads its "
+                        "history) or the directory guard")
     args = parser.parse_args(argv)
     # SIGTERM (a background run has SIGINT ignored) stops the world cleanly: regions, broker,
     # network namespaces
@@ -653,7 +672,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("broker-restart runs on the single broker: drop --kafka-nodes")
     settings = Settings(workdir=workdir, dags=dags, bootstrap_servers=args.bootstrap,
                         kafka_nodes=args.kafka_nodes, regions=REGION_NAMES[:regions],
-                        netns=args.netns, region_env=CHAOS_REGION_ENV)
+                        netns=args.netns, region_env=CHAOS_REGION_ENV,
+                        sink=args.sink, spark_master=args.spark_master)
     until = _deadline(args.until)
     with World.start(settings,
                      lambda text: print(f"chaos: {text}", flush=True)) as world:

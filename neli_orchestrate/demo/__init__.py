@@ -8,8 +8,12 @@ Usage::
 It starts a local Kafka broker and two Airflow 3.3 regions (api-server, scheduler with
 LocalExecutor, triggerer; own home, database and ports), triggers the nycflights example DAG
 for three dates in both regions at once, kills -9 the task process of the region running one
-date mid-job, and waits while the other region takes that date over. Then it prints a table
-(date → region that ran it, token, where skipped, takeovers), a summary line with the
+date mid-job, and waits while the other region takes that date over. The job writes a Delta
+table (``--sink delta``, the default; ``--sink directory`` for the directory guard) on
+``local[*]`` or, with ``--spark-master local-cluster|spark://H:P``, on a standalone cluster.
+Then it prints a table (date → region that ran it, the ledger's token, the Delta version and
+the token that committed it from the table's own history, where skipped, takeovers), a
+summary line with the
 duplicate and lost counts, writes ``neli-demo-timeline.png`` and ``neli-demo-report.json``
 into the working directory and prints the regions' UI URLs; ``--keep`` leaves them running
 until Ctrl-C. Exit status 0 only when duplicates = 0 and lost = 0.
@@ -49,7 +53,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-kill", action="store_true", help="run without the fault")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds to wait for the runs (default 600)")
+    parser.add_argument("--spark-master", default=None, type=_master,
+                        metavar="local-cluster|spark://HOST:PORT",
+                        help="run the Spark jobs on a standalone cluster (PySpark client mode: "
+                        "executors on the worker); 'local-cluster' starts one here. Default: "
+                        "local[*] inside each task")
+    parser.add_argument("--sink", choices=("delta", "directory"), default="delta",
+                        help="where the job writes: a Delta table whose commits carry the token "
+                        "(default) or Parquet behind the directory guard")
     return parser
+
+
+def _master(value: str) -> str:
+    from neli_orchestrate.demo.world import spark_master_arg
+
+    try:
+        return spark_master_arg(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     console = Console()
+    if not console.is_terminal:  # piped or logged: wide enough for every column, not 80
+        console.width = 160
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="neli-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     log_to_file(workdir / "demo.log")
@@ -72,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 status.update(text)
 
             world = World.start(
-                Settings(workdir=workdir, bootstrap_servers=args.bootstrap), progress
+                Settings(workdir=workdir, bootstrap_servers=args.bootstrap, sink=args.sink,
+                         spark_master=args.spark_master),
+                progress,
             )
             for region in world.regions or []:
                 console.log(f"{region.name} is up: {region.api_url}")
@@ -89,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["wall_seconds"] = round(time.monotonic() - began, 1)
         data["bootstrap_servers"] = world.bootstrap
         data["ledger_topic"] = world.ledger_topic
+        data["sink"] = world.settings.sink
+        data["table"] = str(world.table) if world.settings.sink == "delta" else None
+        data["spark_master"] = world.spark_master
         data["regions"] = {r.name: r.api_url for r in world.regions or []}
         data["leadership"] = [vars(s) for s in world.observer.leadership]
         data["executions"] = [vars(s) for s in world.observer.executions]
@@ -189,23 +217,39 @@ def _status_table(world, runs, dates, killed):  # type: ignore[no-untyped-def]
 def _print_result(console, world, report, png: Path, wall: float) -> None:  # type: ignore[no-untyped-def]
     from rich.table import Table
 
+    delta = world.settings.sink == "delta"
     table = Table(title="each date, across the regions")
-    for column in ("date", "ran in", "token", "skipped in", "failed in (reason)", "takeovers"):
+    columns = ["date", "ran in", "ledger token"]
+    if delta:
+        # from the Delta table's own history: the version holding the date, the token in it
+        columns += ["Delta version", "Delta token", "Delta commits (v: token)"]
+    else:
+        columns += ["output token"]
+    for column in (*columns, "skipped in", "failed in (reason)", "takeovers"):
         table.add_column(column)
     for outcome in report.dates:
         failed = "; ".join(f"{r}: {why[:70]}" for r, why in outcome.failed_in.items()) or "-"
         takeover = str(outcome.takeovers)
         if outcome.takeover_seconds:
             takeover += " (" + ", ".join(f"{s:.1f} s" for s in outcome.takeover_seconds) + ")"
+        if delta:
+            last = outcome.table_versions[-1] if outcome.table_versions else (None, None)
+            sink = [str(last[0]), str(last[1]),
+                    ", ".join(f"{v}: {t}" for v, t in outcome.table_versions) or "-"]
+        else:
+            sink = [str(outcome.sink_token)]
         table.add_row(outcome.date, outcome.ran_in or "[red]nobody[/]", str(outcome.token),
-                      ", ".join(outcome.skipped_in) or "-", failed, takeover)
+                      *sink, ", ".join(outcome.skipped_in) or "-", failed, takeover)
     console.print(table)
     colour = "green" if report.duplicates == 0 and report.lost == 0 else "red"
     console.print(
         f"[bold {colour}]duplicates = {report.duplicates}, lost = {report.lost}[/] "
         f"({len(report.dates)} dates, {len(world.settings.regions)} regions, "
-        f"{len(report.faults)} fault(s), {wall:.0f} s)"
+        f"{len(report.faults)} fault(s), {wall:.0f} s, Spark on {world.spark_master}, "
+        f"sink {world.settings.sink})"
     )
+    if delta:
+        console.print(f"Delta table: {world.table}")
     for problem in report.problems:
         console.print(f"[red]  {problem}[/]")
     console.print(f"timeline: {png.resolve()}")

@@ -298,7 +298,9 @@ class DateOutcome:
     skipped_in: list[str]
     failed_in: dict[str, str]  # region -> reason (task FAILED)
     overlaps: list[str]  # descriptions of overlapping live executions
-    sink_token: int | None  # token of the published output (commit marker)
+    sink_token: int | None  # token of the published output (commit marker, last Delta commit)
+    #: (Delta version, token) of every commit of the date in the table's history, oldest first
+    table_versions: list[tuple[int, int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -325,6 +327,56 @@ class Report:
         }
 
 
+@dataclass
+class TableState:
+    """A date's commits in a Delta table's history and the rows the table holds for it now."""
+
+    #: (version, token) of each commit whose ``neli.run_key`` is the date, oldest first; token
+    #: None for a commit without the token's user metadata
+    commits: list[tuple[int, int | None]]
+    rows: int | None = None  # rows of the date in the table now
+    distinct_rows: int | None = None  # distinct keys among them (a duplicate row shows here)
+    written_rows: int | None = None  # rows the last commit of the date wrote (numOutputRows)
+
+
+def check_table(date: str, state: TableState, completed: int | None,
+                claimed: Iterable[int]) -> list[str]:
+    """The sink check of a token-checked table: what is wrong with ``date``'s commits.
+
+    Every committed version of the date carries the COMPLETED record's token, or a lower token
+    the ledger shows claimed (a take-over superseded it); the last one carries the COMPLETED
+    token; and the date's rows are that commit's (as many as it wrote, no key twice).
+    """
+    if completed is None:
+        return []  # lost: counted as such
+    problems = []
+    claimed = set(claimed)
+    if not state.commits:
+        return [f"{date}: no commit of the date in the table's history, COMPLETED has token "
+                f"{completed}"]
+    for version, token in state.commits:
+        if token is None:
+            problems.append(f"{date}: table version {version} carries no token")
+        elif token > completed:
+            problems.append(f"{date}: table version {version} has token {token}, above the "
+                            f"COMPLETED token {completed}")
+        elif token < completed and token not in claimed:
+            problems.append(f"{date}: table version {version} has token {token}, which the "
+                            "ledger never claimed")
+    last_version, last_token = state.commits[-1]
+    if last_token != completed:
+        problems.append(f"{date}: the last commit (version {last_version}) has token "
+                        f"{last_token}, COMPLETED has {completed}")
+    if state.rows is not None and state.written_rows is not None and (
+            state.rows != state.written_rows):
+        problems.append(f"{date}: the table holds {state.rows} rows of the date, the winning "
+                        f"commit wrote {state.written_rows}")
+    if state.rows is not None and state.distinct_rows is not None and (
+            state.rows != state.distinct_rows):
+        problems.append(f"{date}: {state.rows - state.distinct_rows} duplicate rows")
+    return problems
+
+
 def _paused(fault_list: Iterable[Fault], region: str, start: float, end: float) -> float:
     """Seconds of [start, end] during which ``region``'s work was frozen by a SIGSTOP fault."""
     total = 0.0
@@ -344,6 +396,7 @@ def assess(
     *,
     task_states: Mapping[str, Mapping[str, tuple[str, str]]] | None = None,
     sink_token: Callable[[str], int | None] | None = None,
+    table_state: Callable[[str], TableState] | None = None,
     fence_allowance: float = 2.0,
 ) -> Report:
     """Check one run: duplicates, lost runs, takeover times; see docs/chaos.md for the rules.
@@ -351,7 +404,8 @@ def assess(
     - duplicate: a run key COMPLETED more than once; two Spark executions of one date that
       overlap in time for longer than ``fence_allowance`` while neither was frozen (a frozen
       worker is a zombie the sink must refuse, not a second live execution); a published output
-      whose token is not the COMPLETED record's.
+      whose token is not the COMPLETED record's; with ``table_state`` (a Delta sink), every
+      problem :func:`check_table` finds in the date's commits and rows.
     - lost: a date without a COMPLETED record.
     ``task_states``: date -> region -> (state of the Spark task, reason) from the orchestrator.
     """
@@ -405,6 +459,14 @@ def assess(
             problems.append(
                 f"{date}: published output has token {published}, COMPLETED has {final.token}"
             )
+        table = table_state(date) if table_state else None
+        if table is not None:
+            if sink_token is None:
+                published = table.commits[-1][1] if table.commits else None
+            found = check_table(date, table, final.token if final else None,
+                                (c[1] for c in claims))
+            duplicates += len(found)
+            problems.extend(found)
         takeover_seconds = []
         for fault in observer.faults:
             if fault.date != date:
@@ -427,6 +489,7 @@ def assess(
                 failed_in={r: why for r, (s, why) in states.items() if s == "failed"},
                 overlaps=overlaps,
                 sink_token=published,
+                table_versions=list(table.commits) if table is not None else [],
             )
         )
     return Report(

@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neli_orchestrate.demo.evidence import Fault, Observer, Report, Span, assess, kill_tree
+from neli_orchestrate.demo.evidence import (
+    Fault,
+    Observer,
+    Report,
+    Span,
+    TableState,
+    assess,
+    kill_tree,
+)
 from neli_orchestrate.demo.regions import (
     SPARK_LOCAL_CONNECTION,
     AirflowRegion,
@@ -76,6 +84,28 @@ class Settings:
     region_env: Mapping[str, str] = field(default_factory=dict)
     #: each region in a network namespace of its own (root; neli_orchestrate.demo.netns)
     netns: bool = False
+    #: the example job's sink: "delta" (a Delta table, token in each commit) or "directory"
+    sink: str = "delta"
+    #: where the Spark jobs run: None (local[*] inside each task), "local-cluster" (start a
+    #: LocalSparkCluster: one standalone master and worker on loopback) or a ``spark://`` URL;
+    #: PySpark runs in client mode there (the driver in the task, executors on the worker)
+    spark_master: str | None = None
+
+
+SINKS = ("delta", "directory")
+LOCAL_CLUSTER = "local-cluster"
+
+
+def spark_master_arg(value: str) -> str:
+    """Check a ``--spark-master`` value: ``local-cluster``, ``local[...]`` or ``spark://H:P``."""
+    if value == LOCAL_CLUSTER or value.startswith("local"):
+        return value
+    if re.fullmatch(r"spark://[^\s/:]+:\d+", value):
+        return value
+    raise ValueError(
+        f"--spark-master must be 'local-cluster' (start a standalone cluster here), 'local[*]' "
+        f"or a standalone master URL spark://HOST:PORT, not {value!r}"
+    )
 
 
 class World:
@@ -91,6 +121,13 @@ class World:
         self.regions: AirflowRegions | None = None
         self.observer: Observer | None = None
         self.namespaces: dict[str, Any] = {}  # region -> netns.Netns (Settings.netns)
+        if settings.sink not in SINKS:
+            raise ValueError(f"sink must be one of {SINKS}, not {settings.sink!r}")
+        #: the Delta table's path (sink "delta"); the directory sink publishes under output
+        self.table = self.output / "nycflights_daily_delta"
+        self.spark_cluster: Any = None  # a LocalSparkCluster (spark_master="local-cluster")
+        self.spark_master = "local[*]"
+        self._table_session: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -139,20 +176,47 @@ class World:
             self.bootstrap = self.kafka.bootstrap_servers
         progress("warming up the broker's group and transaction coordinators")
         self._warm_up()
+        if self.settings.sink == "delta":
+            from neli_orchestrate.testing.table_jars import ensure_table_format_jars
+
+            progress("the Delta jars (fetched with Maven once into the cache)")
+            ensure_table_format_jars()
+        master = self.settings.spark_master
+        if master == LOCAL_CLUSTER:
+            from neli_orchestrate.testing.spark_cluster import LocalSparkCluster
+
+            progress("starting a Spark standalone cluster (one master, one worker, loopback)")
+            self.spark_cluster = LocalSparkCluster(
+                workdir=self.workdir / "spark-cluster", cores=2, memory="1g"
+            ).start(timeout=self.settings.start_timeout)
+            master = self.spark_cluster.master_url
+        if master:
+            self.spark_master = spark_master_arg(master)
         progress(
             f"starting {len(self.settings.regions)} Airflow regions "
             "(api-server, scheduler with LocalExecutor, triggerer)"
         )
         sources = [p for p in Path(self.settings.dags).iterdir() if p.name != "__pycache__"]
         env = {**self._policy_env(), **self.settings.region_env}
+        if self.spark_cluster is not None:
+            # the drivers (in the tasks) bind and advertise loopback, like the cluster
+            env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         configs = [
             RegionConfig(
                 name,
                 connections={
                     "neli_default": self.connection(name),
-                    "spark_default": SPARK_LOCAL_CONNECTION,
+                    "spark_default": (
+                        SPARK_LOCAL_CONNECTION if self.spark_master == "local[*]"
+                        else {"conn_type": "spark", "host": self.spark_master}
+                    ),
                 },
-                variables={"nycflights_output": str(self.output)},
+                variables={
+                    "nycflights_output": str(
+                        self.table if self.settings.sink == "delta" else self.output
+                    ),
+                    "nycflights_sink": self.settings.sink,
+                },
                 env=env,
                 **(
                     {"netns": self.namespaces[name].name,
@@ -236,6 +300,12 @@ class World:
             self.observer.stop()
         if self.regions is not None:
             self.regions.stop()
+        if self._table_session is not None:
+            self._table_session.stop()
+            self._table_session = None
+        if self.spark_cluster is not None:
+            self.spark_cluster.stop()
+            self.spark_cluster = None
         if self.kafka is not None:
             self.kafka.stop()
             self.kafka = None
@@ -323,10 +393,71 @@ class World:
         return ledger_history(self.bootstrap, self.ledger_topic)
 
     def sink_token(self, date: str) -> int | None:
+        """The token of the date's published output (directory sink: the commit marker)."""
         from neli_orchestrate.spark import TokenCommitGuard
 
         marker = TokenCommitGuard(self.output, partition_column="date").committed(date)
         return marker.token if marker else None
+
+    def sink_committed(self, date: str) -> tuple[str, int] | None:
+        """(deployment, token) of the date's output once a job committed it, else None: cheap
+        enough to poll (the Delta table's log is read with delta-rs, no Spark)."""
+        if self.settings.sink == "directory":
+            from neli_orchestrate.spark import TokenCommitGuard
+
+            marker = TokenCommitGuard(self.output, partition_column="date").committed(date)
+            return (str(marker.deployment), marker.token) if marker else None
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            history = DeltaTable(str(self.table)).history()
+        except TableNotFoundError:
+            return None
+        for commit in history:  # newest first
+            try:
+                meta = json.loads(commit.get("userMetadata") or "{}")
+            except ValueError:
+                continue
+            if isinstance(meta, dict) and meta.get("neli.run_key") == date:
+                return str(meta.get("neli.deployment")), int(meta["neli.token"])
+        return None
+
+    def table_session(self) -> Any:
+        """A local SparkSession in this process that reads Delta tables (started once)."""
+        if self._table_session is None:
+            from neli_orchestrate.testing.table_jars import local_table_session
+
+            self._table_session = local_table_session(
+                self.workdir / "warehouse", app_name="neli demo: Delta history", cores=1
+            )
+            self._table_session.sparkContext.setLogLevel("ERROR")  # keep the console readable
+        return self._table_session
+
+    def table_state(self, date: str) -> TableState:
+        """The date's commits in the Delta table's own history (:func:`delta_history`) and the
+        rows the table holds for it now."""
+        from neli_orchestrate.spark.delta import delta_history
+
+        spark = self.table_session()
+        path = str(self.table)
+        if not (self.table / "_delta_log").is_dir():
+            return TableState(commits=[])
+        history = delta_history(spark, path)
+        commits = [(h["version"], h["token"]) for h in history if h["run_key"] == date]
+        if not commits:
+            return TableState(commits=[])
+        metrics = spark.sql(
+            f"DESCRIBE HISTORY delta.`{path}`"
+        ).where(f"version = {commits[-1][0]}").select("operationMetrics").first()
+        written = (metrics["operationMetrics"] or {}).get("numOutputRows") if metrics else None
+        rows = spark.read.format("delta").load(path).where(f"date = DATE '{date}'")
+        return TableState(
+            commits=commits,
+            rows=rows.count(),
+            distinct_rows=rows.select("carrier", "origin").distinct().count(),
+            written_rows=int(written) if written is not None else None,
+        )
 
     def assess(
         self, dates: Sequence[str], runs: Mapping[str, Mapping[str, str]] | None = None
@@ -339,7 +470,8 @@ class World:
             dates,
             run_key_of,
             task_states=self.task_states(runs) if runs else None,
-            sink_token=self.sink_token,
+            sink_token=self.sink_token if self.settings.sink == "directory" else None,
+            table_state=self.table_state if self.settings.sink == "delta" else None,
         )
         return report, history
 
@@ -365,13 +497,21 @@ class World:
 
     def mid_job(self, dates: Sequence[str], *, after: float = 3.0) -> Span | None:
         """A Spark execution of ``dates`` whose PySpark driver has run ``after`` seconds, if any
-        (the JVM alone is still booting: that is not yet mid-job)."""
+        (the JVM alone is still booting: that is not yet mid-job). On the suite's standalone
+        cluster, also the application of its date must have been registered with the master
+        for ``after`` seconds: executors on the worker, the job under way there."""
         import psutil
 
         assert self.observer is not None
         now = time.time()
+        on_cluster = self._cluster_apps() if self.spark_cluster is not None else None
         for span in self.observer.running_jvms():
             if span.date not in dates or span.pid is None:
+                continue
+            if on_cluster is not None and not any(
+                name == f"nycflights_daily {span.date}" and now - started >= after
+                for name, started in on_cluster
+            ):
                 continue
             try:
                 drivers = [
@@ -383,6 +523,16 @@ class World:
             if any(now - d.create_time() >= after for d in drivers):
                 return span
         return None
+
+    def _cluster_apps(self) -> list[tuple[str, float]]:
+        """(name, start epoch) of the applications running on the suite's standalone cluster."""
+        try:
+            state = self.spark_cluster.state()
+        except OSError as exc:
+            logger.warning("could not read the Spark master's status: %s", exc)
+            return []
+        return [(str(app.get("name")), float(app.get("starttime", 0)) / 1000.0)
+                for app in state.get("activeapps", []) if app.get("state") == "RUNNING"]
 
     def wait_mid_job(
         self, dates: Sequence[str], *, after: float = 3.0, timeout: float = 300.0

@@ -54,8 +54,14 @@ def test_demo_runs_each_date_once_through_a_kill_and_draws_the_timeline(
     completed = Counter(r.run_key for r in history if str(r.state) == "COMPLETED")
     keys = [f"nycflights_daily/{d}T00:00:00+00:00" for d in DATES]
     assert [completed[k] for k in keys] == [1, 1, 1], completed
+    # The Delta table's own history (the demo's default sink): the last commit of each date
+    # carries the COMPLETED token; an earlier one only a lower, superseded token.
+    assert report["sink"] == "delta"
     for outcome in report["dates"]:
         assert outcome["sink_token"] == outcome["token"], outcome
+        versions = outcome["table_versions"]
+        assert versions and versions[-1][1] == outcome["token"], outcome
+        assert all(token <= outcome["token"] for _, token in versions), outcome
 
     png = tmp_path / "neli-demo-timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neli_orchestrate.demo.evidence import Fault, Observer, Span, assess
+from neli_orchestrate.demo.evidence import Fault, Observer, Span, TableState, assess, check_table
 
 A, B = "us-east-1", "eu-west-1"
 DATE = "2013-01-01"
@@ -93,3 +93,38 @@ def test_output_published_under_another_token_is_a_duplicate() -> None:
 def test_a_date_never_completed_is_lost() -> None:
     report = check(takeover_history()[:-1], [], sink=None)
     assert report.lost == 1 and report.dates[0].ran_in is None
+
+
+def _table(commits, rows=14, distinct=14, written=14) -> TableState:  # type: ignore[no-untyped-def]
+    return TableState(commits=commits, rows=rows, distinct_rows=distinct, written_rows=written)
+
+
+def test_table_check_accepts_a_superseded_commit_then_the_winners():
+    # kill-after-job: token 1 committed, then the take-over (token 5) replaced the partition
+    report = assess(observer([]), takeover_history(), [DATE], lambda d: KEY,
+                    table_state=lambda d: _table([(0, 1), (1, 5)]))
+    assert report.duplicates == 0, report.problems
+    assert report.dates[0].table_versions == [(0, 1), (1, 5)]
+    assert report.dates[0].sink_token == 5
+
+
+def test_table_check_counts_a_zombie_commit_after_the_winner():
+    report = assess(observer([]), takeover_history(), [DATE], lambda d: KEY,
+                    table_state=lambda d: _table([(0, 5), (1, 1)]))
+    assert report.duplicates == 1
+    assert "last commit (version 1) has token 1" in report.problems[0]
+
+
+def test_table_check_rejects_unclaimed_higher_and_untokened_commits():
+    assert check_table(DATE, _table([(0, 3), (1, 5)]), 5, [1, 5]) == [
+        f"{DATE}: table version 0 has token 3, which the ledger never claimed"]
+    assert "above the COMPLETED token" in check_table(DATE, _table([(0, 7), (1, 5)]), 5, [5])[0]
+    assert "carries no token" in check_table(DATE, _table([(0, None), (1, 5)]), 5, [5])[0]
+    assert "no commit of the date" in check_table(DATE, _table([]), 5, [5])[0]
+    assert check_table(DATE, _table([]), None, []) == []  # lost: counted as lost, not here
+
+
+def test_table_check_compares_the_rows_with_the_winning_commit():
+    assert "holds 28 rows" in check_table(DATE, _table([(0, 5)], rows=28, distinct=28), 5, [5])[0]
+    found = check_table(DATE, _table([(0, 5)], rows=28, distinct=14, written=28), 5, [5])
+    assert found == [f"{DATE}: 14 duplicate rows"]
