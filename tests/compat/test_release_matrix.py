@@ -30,8 +30,9 @@ def test_release_dependent_tests_pass_on(version: str, tmp_path: Path) -> None:
     log = tmp_path / f"kafka-{version}.log"
     with log.open("w") as out:
         done = subprocess.run(
+            # its own basetemp: the nested session must not rotate this session's tmp dirs
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             *selection.node_ids(version)],
+             f"--basetemp={tmp_path / 'nested'}", *selection.node_ids(version)],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
     text = log.read_text()
     assert done.returncode == 0, f"Kafka {version}: exit {done.returncode}\n{text[-6000:]}"
