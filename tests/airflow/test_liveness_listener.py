@@ -57,6 +57,7 @@ def test_the_scheduler_keeps_its_deployment_alive_and_a_killed_one_is_gone_after
         "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__NELI__LIVENESS": "True",  # opt-in (docs/guarantees.md)
         "AIRFLOW_CONN_NELI_DEFAULT": (
             f'{{"conn_type": "neli", "host": "{kafka_broker}", '
             f'"extra": {{"deployment": "eu-west-1", "namespace": "{ns}"}}}}'),
