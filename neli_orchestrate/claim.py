@@ -54,6 +54,13 @@ DEPLOYMENT_CONF = "spark.neli.deployment"
 ATTEMPT_CONF = "spark.neli.attempt"
 
 
+def check_token(token: object) -> int:
+    """``token`` if it is a fencing token (a non-negative int); ConfigError otherwise."""
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise ConfigError(f"token must be a non-negative int, got {token!r}")
+    return token
+
+
 @dataclass(frozen=True)
 class Claim:
     """This deployment holds the claim of ``role`` / ``run_key`` under fencing ``token``.
@@ -70,8 +77,7 @@ class Claim:
     attempt: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.token, bool) or not isinstance(self.token, int) or self.token < 0:
-            raise ConfigError(f"token must be a non-negative int, got {self.token!r}")
+        check_token(self.token)
         if not isinstance(self.run_key, str) or not self.run_key:
             raise ConfigError(f"run_key must be a non-empty string, got {self.run_key!r}")
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or (

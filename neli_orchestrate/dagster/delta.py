@@ -35,6 +35,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from neli_orchestrate.claim import check_token
 from neli_orchestrate.errors import ConfigError, StaleTokenError
 from neli_orchestrate.spark.delta import (
     DEFAULT_CONFLICT_RETRIES,
@@ -89,8 +90,7 @@ def write_deltalake_fenced(
     import pyarrow as pa  # type: ignore[import-untyped]
     from deltalake import CommitProperties, Transaction, write_deltalake
 
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise ConfigError(f"token must be a non-negative int, got {token!r}")
+    check_token(token)
     app_id = delta_app_id(role, run_key)
     value = run_key if partition_value is None else partition_value
     table = data if isinstance(data, pa.Table) else pa.Table.from_pandas(data, preserve_index=False)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from neli_orchestrate.claim import check_token
 from neli_orchestrate.errors import ConfigError, StaleTokenError
 from neli_orchestrate.spark.iceberg import (
     DEFAULT_CONFLICT_RETRIES,
@@ -75,8 +76,7 @@ def write_pyiceberg_fenced(
     from pyiceberg.exceptions import CommitFailedException, ValidationException
     from pyiceberg.expressions import EqualTo
 
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise ConfigError(f"token must be a non-negative int, got {token!r}")
+    check_token(token)
     if not isinstance(run_key, str) or not run_key:
         raise ConfigError(f"run_key must be a non-empty string, got {run_key!r}")
     value = run_key if partition_value is None else partition_value

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from neli_orchestrate.claim import check_token
 from neli_orchestrate.errors import ConfigError, NeliError, StaleTokenError
 
 logger = logging.getLogger(__name__)
@@ -158,8 +159,7 @@ def write_delta_fenced(
     role and run key is recorded before or after the write, and :class:`DeltaCommitError` after
     ``conflict_retries`` lost commit races.
     """
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise ConfigError(f"token must be a non-negative int, got {token!r}")
+    check_token(token)
     app_id = delta_app_id(role, run_key)
     value = run_key if partition_value is None else partition_value
     spark = df.sparkSession

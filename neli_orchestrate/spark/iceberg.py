@@ -53,6 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from neli_orchestrate.claim import check_token
 from neli_orchestrate.errors import ConfigError, NeliError, StaleTokenError
 
 logger = logging.getLogger(__name__)
@@ -168,8 +169,7 @@ def write_iceberg_fenced(
     """
     from pyspark.sql import functions as F
 
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise ConfigError(f"token must be a non-negative int, got {token!r}")
+    check_token(token)
     if not isinstance(run_key, str) or not run_key:
         raise ConfigError(f"run_key must be a non-empty string, got {run_key!r}")
     value = run_key if partition_value is None else partition_value
