@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from neli_orchestrate.claim import Claim
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
-from neli_orchestrate.core.kafka import RECONNECT_BACKOFF_MS, ConfluentKafka
+from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS, ConfluentKafka
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
@@ -488,7 +488,7 @@ class Singleton:
         with self._ledger_lock:
             if self._admin is None:
                 # through the Kafka seam, with the short first reconnect of every member
-                # client (core.kafka): this client's first request is the gate's busy check
+                # client (core.confluent): this client's first request is the gate's busy check
                 self._admin = ConfluentKafka().admin(self._admin_settings())
             admin = self._admin
         return int(admin.group_members(group, neli.request_timeout))

@@ -36,6 +36,13 @@ from typing import Protocol, runtime_checkable
 
 from neli_orchestrate.core.clock import SYSTEM_CLOCK, Clock
 from neli_orchestrate.core.config import NeliConfig, ResolvedConfig
+from neli_orchestrate.core.confluent import (
+    ConfluentKafka,
+    admin_settings,
+    consumer_settings,
+    producer_settings,
+    watcher_settings,
+)
 from neli_orchestrate.core.events import (
     REASON_BARRIER_OVERRAN,
     REASON_FATAL,
@@ -58,18 +65,13 @@ from neli_orchestrate.core.heartbeat import (
 from neli_orchestrate.core.kafka import (
     MAX_POLL_EXCEEDED,
     OFFSET_END,
-    ConfluentKafka,
     ConsumerFault,
     GroupConsumer,
     HeartbeatProducer,
     KafkaClients,
     LeaderTopicWatcher,
     Record,
-    admin_settings,
     authorization_denied,
-    consumer_settings,
-    producer_settings,
-    watcher_settings,
 )
 from neli_orchestrate.core.pulser import Pulser
 from neli_orchestrate.core.roles import Role
