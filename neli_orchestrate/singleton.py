@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from neli_orchestrate.claim import Claim
 from neli_orchestrate.core import LeaderFenced, LeaderRevoked, Neli, NeliConfig
 from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS, ConfluentKafka
+from neli_orchestrate.core.kafka import LeaderTopicAdmin
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import (
     Claimant,
@@ -453,8 +454,7 @@ class Singleton:
         # caller injects membership as well.
         self._membership: Callable[[str], int] = membership or (
             self._describe_members if neli_factory is None else (lambda group: 0))
-        self._admin: Any = None
-        self._liveness_admin: Any = None
+        self._admin: LeaderTopicAdmin | None = None
         # Another deployment's liveness (by deployment): Kafka's answer, unless injected
         # (tests, simulations); None: no information (the handoff window alone).
         self._liveness: Callable[[str], DeploymentLiveness] | None = liveness or (
@@ -483,15 +483,20 @@ class Singleton:
         """
         return self._membership(self.config.role_neli(role).resolved.group_id)
 
-    def _describe_members(self, group: str) -> int:
-        neli = self.config.neli.resolved
+    def _group_admin(self) -> LeaderTopicAdmin:
+        """The Kafka seam's admin for read-only looks at groups (role groups' members,
+        deployments' liveness groups), created on first use."""
         with self._ledger_lock:
             if self._admin is None:
-                # through the Kafka seam, with the short first reconnect of every member
-                # client (core.confluent): this client's first request is the gate's busy check
+                # with the short first reconnect of every member client (core.confluent):
+                # this client's first request is the gate's busy check
                 self._admin = ConfluentKafka().admin(self._admin_settings())
-            admin = self._admin
-        return int(admin.group_members(group, neli.request_timeout))
+            return self._admin
+
+    def _describe_members(self, group: str) -> int:
+        description = self._group_admin().describe_group(
+            group, self.config.neli.resolved.request_timeout)
+        return 0 if description is None else len(description.members)
 
     def _admin_settings(self) -> dict[str, Any]:
         neli = self.config.neli.resolved
@@ -517,15 +522,7 @@ class Singleton:
         return seen
 
     def _read_liveness(self, deployment: str) -> DeploymentLiveness:
-        from confluent_kafka.admin import AdminClient
-
-        with self._ledger_lock:
-            if self._liveness_admin is None:
-                # the liveness reader lists, describes and reads offsets of liveness groups:
-                # more than the member seam's admin offers (read-only, no join)
-                self._liveness_admin = AdminClient(self._admin_settings())
-            admin = self._liveness_admin
-        reader = LivenessReader(admin, self.config.names.name,
+        reader = LivenessReader(self._group_admin(), self.config.names.name,
                                 request_timeout=self.config.neli.resolved.request_timeout)
         return reader.read(deployment)
 

@@ -16,9 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from neli_orchestrate.core.kafka import (
+    CommittedOffset,
     ConsumerFault,
     DeliveryCallback,
     GroupConsumer,
+    GroupDescription,
+    GroupMember,
     HeartbeatProducer,
     LeaderTopicAdmin,
     LeaderTopicWatcher,
@@ -384,12 +387,15 @@ class _ConfluentProducer:
 
 
 class _ConfluentAdmin:
-    def __init__(self, settings: Mapping[str, Any]) -> None:
+    def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
         from confluent_kafka.admin import AdminClient
 
         self._servers = settings.get("bootstrap.servers")
         self._brokers: list[int] = []   # broker ids from the last metadata response
         self._login = LoginRefusal()
+        if client is not None:
+            self._admin = client        # the caller's AdminClient (its own error_cb, if any)
+            return
         conf = dict(settings)
         conf.setdefault("error_cb", self._login)
         self._admin = AdminClient(conf)
@@ -415,11 +421,22 @@ class _ConfluentAdmin:
             hint = "see the broker's answer above"
         return KafkaUnavailableError(f"{what} failed: {exc}; {hint}")
 
-    def group_members(self, group_id: str, timeout: float) -> int:
+    def list_groups(self, timeout: float) -> list[str]:
+        try:
+            listing = self._admin.list_consumer_groups(request_timeout=timeout).result(
+                timeout=timeout + 5)
+        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            raise KafkaUnavailableError(
+                f"cannot list consumer groups at {self._servers}: {exc}") from exc
+        return [g.group_id for g in listing.valid]
+
+    def describe_group(self, group_id: str, timeout: float) -> GroupDescription | None:
         try:
             futures = self._admin.describe_consumer_groups([group_id], request_timeout=timeout)
             description = futures[group_id].result(timeout=timeout + 5)
         except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            if "GROUP_ID_NOT_FOUND" in str(exc):
+                return None
             what = f"describing consumer group {group_id!r}"
             refused = self._login.error(self._admin, what, self._servers)
             if refused is not None:
@@ -431,7 +448,26 @@ class _ConfluentAdmin:
             raise KafkaUnavailableError(
                 f"cannot describe consumer group {group_id!r} at {self._servers}: {exc}"
             ) from exc
-        return len(description.members or [])
+        state = description.state
+        return GroupDescription(
+            group_id=group_id, state=str(getattr(state, "name", state)),
+            members=tuple(GroupMember(member_id=m.member_id, client_id=m.client_id)
+                          for m in description.members or []))
+
+    def group_offsets(self, group_id: str, timeout: float) -> list[CommittedOffset]:
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        try:
+            futures = self._admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group_id)], request_timeout=timeout)
+            result = futures[group_id].result(timeout=timeout + 5)
+        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            raise KafkaUnavailableError(
+                f"cannot read the offsets of consumer group {group_id!r} at {self._servers}:"
+                f" {exc}") from exc
+        return [CommittedOffset(topic=tp.topic, partition=tp.partition, offset=tp.offset,
+                                metadata=tp.metadata)
+                for tp in result.topic_partitions or []]
 
     def partition_count(self, topic: str, timeout: float) -> int | None:
         from confluent_kafka import KafkaError, KafkaException
@@ -580,6 +616,10 @@ class ConfluentKafka:
 
     def admin(self, settings: Mapping[str, Any]) -> LeaderTopicAdmin:
         return _ConfluentAdmin(settings)
+
+    def wrap_admin(self, client: Any) -> LeaderTopicAdmin:
+        """The seam's admin over a confluent-kafka ``AdminClient`` the caller already has."""
+        return _ConfluentAdmin({}, client)
 
     def consumer(self, settings: Mapping[str, Any], topic: str) -> GroupConsumer:
         return _ConfluentConsumer(settings, topic)

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = [
+    "CommittedOffset",
     "ConsumerFault",
     "DeliveryCallback",
     "GroupConsumer",
+    "GroupDescription",
+    "GroupMember",
     "HeartbeatProducer",
     "KafkaClients",
     "LeaderTopicAdmin",
@@ -155,8 +158,38 @@ class HeartbeatProducer(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class GroupMember:
+    """A member of a consumer group, as the group coordinator describes it."""
+
+    member_id: str
+    client_id: str
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    """A consumer group as its coordinator describes it (read-only: nobody joins)."""
+
+    group_id: str
+    state: str
+    """Kafka's name of the group state: ``EMPTY``, ``STABLE``, ``DEAD`` (no such group, on
+    some brokers), ..."""
+    members: tuple[GroupMember, ...]
+
+
+@dataclass(frozen=True)
+class CommittedOffset:
+    """An offset a consumer group committed, with the metadata string it committed."""
+
+    topic: str
+    partition: int
+    offset: int
+    metadata: str | None
+
+
 class LeaderTopicAdmin(Protocol):
-    """The administrative calls a member makes once, at start-up."""
+    """The administrative calls a member makes once, at start-up, and read-only looks at
+    consumer groups."""
 
     def partition_count(self, topic: str, timeout: float) -> int | None:
         """Return the topic's partition count, None if it does not exist.
@@ -188,9 +221,21 @@ class LeaderTopicAdmin(Protocol):
         """Return the group's dynamic settings, or None if they cannot be read."""
         ...
 
-    def group_members(self, group_id: str, timeout: float) -> int:
-        """How many members the consumer group has now; read-only (no join). Raises
+    # Read-only looks at consumer groups (nobody joins): a Singleton's busy-group rule, the
+    # liveness reader.
+
+    def list_groups(self, timeout: float) -> list[str]:
+        """The ids of every consumer group the cluster knows. Raises KafkaUnavailableError."""
+        ...
+
+    def describe_group(self, group_id: str, timeout: float) -> GroupDescription | None:
+        """The group as its coordinator sees it now, None if there is no such group. Raises
         AuthorizationError or KafkaUnavailableError."""
+        ...
+
+    def group_offsets(self, group_id: str, timeout: float) -> list[CommittedOffset]:
+        """The offsets the group has committed (with their metadata). Raises
+        KafkaUnavailableError."""
         ...
 
     def close(self) -> None: ...
