@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from neli_orchestrate.core.kafka import LeaderTopicAdmin
 from neli_orchestrate.core.namespace import derive
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
 
@@ -307,10 +308,22 @@ class LivenessAnnouncer:
 
 
 class LivenessReader:
-    """Reads deployments' liveness groups through an ``AdminClient`` (read-only, no join)."""
+    """Reads deployments' liveness groups through the Kafka seam's admin (read-only, no join).
 
-    def __init__(self, admin: Any, namespace: str, *, request_timeout: float = 10.0) -> None:
-        self._admin = admin
+    ``admin`` is a :class:`~neli_orchestrate.core.kafka.LeaderTopicAdmin` (what
+    ``ConfluentKafka().admin(settings)`` makes, or a test's fake); a confluent-kafka
+    ``AdminClient`` is accepted too and read through the same seam.
+    """
+
+    def __init__(self, admin: LeaderTopicAdmin | Any, namespace: str, *,
+                 request_timeout: float = 10.0) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        if isinstance(admin, AdminClient):
+            from neli_orchestrate.core.confluent import ConfluentKafka
+
+            admin = ConfluentKafka().wrap_admin(admin)
+        self._admin: LeaderTopicAdmin = admin
         self.namespace = namespace
         self.request_timeout = request_timeout
 
@@ -324,26 +337,21 @@ class LivenessReader:
         """Every deployment of the namespace that ever announced (for ``status``), by name."""
         prefix = liveness_group(self.namespace, "")
         try:
-            listing = self._admin.list_consumer_groups(
-                request_timeout=self.request_timeout).result(timeout=self.request_timeout + 5)
-        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
+            listing = self._admin.list_groups(self.request_timeout)
+        except Exception as exc:  # noqa: BLE001 - KafkaUnavailableError, a denied ACL
             raise KafkaUnavailableError(f"cannot list consumer groups: {exc}") from exc
-        groups = sorted(g.group_id for g in listing.valid if g.group_id.startswith(prefix))
+        groups = sorted(g for g in listing if g.startswith(prefix))
         return [self._read(g, g[len(prefix):], True) for g in groups]
 
     def _read(self, group: str, deployment: str, details: bool) -> DeploymentLiveness:
-        from confluent_kafka import ConsumerGroupState
-
-        timeout = self.request_timeout
         try:
-            futures = self._admin.describe_consumer_groups([group], request_timeout=timeout)
-            description = futures[group].result(timeout=timeout + 5)
-        except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
-            if "GROUP_ID_NOT_FOUND" in str(exc):
-                return DeploymentLiveness(deployment, Liveness.UNKNOWN, detail="never announced")
+            description = self._admin.describe_group(group, self.request_timeout)
+        except Exception as exc:  # noqa: BLE001 - KafkaUnavailableError, a denied ACL
             raise KafkaUnavailableError(f"cannot describe liveness group {group!r}: {exc}"
                                         ) from exc
-        members = list(description.members or [])
+        if description is None:
+            return DeploymentLiveness(deployment, Liveness.UNKNOWN, detail="never announced")
+        members = description.members
         announced = self._announcement(group) if details else {}
         timeout_s = announced.get("timeout")
         if members:
@@ -352,7 +360,7 @@ class LivenessReader:
                                       since=min(starts) if starts else None,
                                       timeout=timeout_s if isinstance(timeout_s, int | float)
                                       else None)
-        if description.state is ConsumerGroupState.EMPTY:
+        if description.state == "EMPTY":
             since = announced.get("since")
             return DeploymentLiveness(
                 deployment, Liveness.GONE,
@@ -362,18 +370,14 @@ class LivenessReader:
                                   detail=f"group state {description.state}")
 
     def _announcement(self, group: str) -> dict[str, Any]:
-        from confluent_kafka import ConsumerGroupTopicPartitions
-
         try:
-            futures = self._admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group)], request_timeout=self.request_timeout)
-            result = futures[group].result(timeout=self.request_timeout + 5)
+            offsets = self._admin.group_offsets(group, self.request_timeout)
         except Exception:  # noqa: BLE001 - details are optional
             log.debug("cannot read the announcement of %r", group, exc_info=True)
             return {}
-        for tp in result.topic_partitions or []:
+        for offset in offsets:
             try:
-                value = json.loads(tp.metadata or "")
+                value = json.loads(offset.metadata or "")
             except ValueError:
                 continue
             if isinstance(value, dict):

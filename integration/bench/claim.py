@@ -232,17 +232,18 @@ def run_ledger_size(bootstrap: str, trials: int, records: int, roles: int,
 
 PHASES = (
     # (object path, method, label) in the order a reserve passes them
-    ("neli_orchestrate.singleton:Singleton", "_busy", "busy check (DescribeGroups)"),
-    ("neli_orchestrate.singleton:Singleton", "_warm",
+    ("neli_orchestrate.singleton.singleton:Singleton", "_busy", "busy check (DescribeGroups)"),
+    ("neli_orchestrate.singleton.singleton:Singleton", "_warm",
      "prepare: first checkpoint (if none), connect producer"),
-    ("neli_orchestrate.singleton:_Leadership", "__init__",
+    ("neli_orchestrate.singleton.leadership:_Leadership", "__init__",
      "member start (admin checks, producer, consumer, subscribe)"),
-    ("neli_orchestrate.singleton:_Leadership", "acquire",
+    ("neli_orchestrate.singleton.leadership:_Leadership", "acquire",
      "join, assignment, own heartbeat read back"),
     ("neli_orchestrate.ledger.kafka:KafkaLedger", "begin", "ledger producer + init_transactions"),
     ("neli_orchestrate.ledger.kafka:KafkaLedger", "_replay", "replay (tail)"),
     ("neli_orchestrate.ledger.kafka:KafkaLedgerWriter", "write", "CLAIMED transaction commit"),
-    ("neli_orchestrate.singleton:_Leadership", "close", "leave the group, close clients"),
+    ("neli_orchestrate.singleton.leadership:_Leadership", "close",
+     "leave the group, close clients"),
 )
 
 

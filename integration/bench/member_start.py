@@ -54,18 +54,18 @@ LABELS = {"classic-default": "NELI classic default", "consumer-default": "NELI K
 # (where, attribute, phase label): the library's calls into Kafka during start. Attributes
 # missing in the code under test (another version of the library) are skipped.
 PROBES = [
-    ("neli_orchestrate.core.kafka:ConfluentKafka", "admin", "admin client"),
-    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "partition_count", "topic metadata"),
-    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "create_topic", "topic create"),
-    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "topic_config", "topic config"),
-    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "broker_config", "broker config"),
-    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "group_config", "group config read"),
-    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "alter_group_config", "group config write"),
-    ("neli_orchestrate.core.kafka:_ConfluentAdmin", "close", "admin close"),
-    ("neli_orchestrate.core.kafka:ConfluentKafka", "producer", "producer"),
-    ("neli_orchestrate.core.kafka:ConfluentKafka", "consumer", "consumer"),
-    ("neli_orchestrate.core.kafka:ConfluentKafka", "watcher", "watcher"),
-    ("neli_orchestrate.core.kafka:_ConfluentConsumer", "subscribe", "subscribe"),
+    ("neli_orchestrate.core.confluent:ConfluentKafka", "admin", "admin client"),
+    ("neli_orchestrate.core.confluent:_ConfluentAdmin", "partition_count", "topic metadata"),
+    ("neli_orchestrate.core.confluent:_ConfluentAdmin", "create_topic", "topic create"),
+    ("neli_orchestrate.core.confluent:_ConfluentAdmin", "topic_config", "topic config"),
+    ("neli_orchestrate.core.confluent:_ConfluentAdmin", "broker_config", "broker config"),
+    ("neli_orchestrate.core.confluent:_ConfluentAdmin", "group_config", "group config read"),
+    ("neli_orchestrate.core.confluent:_ConfluentAdmin", "alter_group_config", "group config write"),
+    ("neli_orchestrate.core.confluent:_ConfluentAdmin", "close", "admin close"),
+    ("neli_orchestrate.core.confluent:ConfluentKafka", "producer", "producer"),
+    ("neli_orchestrate.core.confluent:ConfluentKafka", "consumer", "consumer"),
+    ("neli_orchestrate.core.confluent:ConfluentKafka", "watcher", "watcher"),
+    ("neli_orchestrate.core.confluent:_ConfluentConsumer", "subscribe", "subscribe"),
 ]
 
 

@@ -62,7 +62,8 @@ def neli_member(s: dict[str, Any]) -> None:
 
     logging.basicConfig(level=logging.WARNING, format="%(created).4f %(threadName)s %(message)s")
     if os.environ.get("NELI_BENCH_DEBUG"):
-        logging.getLogger("neli_orchestrate.core.neli").setLevel(logging.DEBUG)
+        for name in ("neli_orchestrate.core.neli", "neli_orchestrate.core.hints"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
     # Imports are not part of "start" for any peer (kazoo, psycopg are imported first too);
     # the library imports its Kafka client lazily, so import it here.
     import confluent_kafka  # noqa: F401

@@ -25,9 +25,9 @@ def is_liveness_group(target: Target, group_id: str) -> bool:
 def collect_liveness(target: Target, admin: Any | None = None) -> list[DeploymentLiveness]:
     """Every deployment of the namespace that ever announced its liveness, by name."""
     if admin is None:
-        from confluent_kafka.admin import AdminClient
+        from neli_orchestrate.core.confluent import ConfluentKafka
 
-        admin = AdminClient(target.client_config())
+        admin = ConfluentKafka().admin(target.client_config())
     return LivenessReader(admin, target.namespace, request_timeout=target.timeout).read_all()
 
 

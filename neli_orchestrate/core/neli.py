@@ -13,11 +13,9 @@ partition writes heartbeats to that partition and reads them back; it leads whil
 partition and its *own* newest heartbeat, and its newest accepted offset commit (proof of
 group membership), are younger than ``heartbeat_timeout``. See ``docs/protocol.md``.
 
-Release hints (Fast NELI, ``release_hints=True``): a member that closes writes a hint to the
-partitions it held *after* leaving the group; followers read the partitions of their roles
-outside the group and, on a hint, ask the coordinator for their assignment at once instead of
-at their next group heartbeat. The hint grants nothing: the successor still needs the
-assignment, its own heartbeat read back and an accepted commit.
+Release hints (Fast NELI, ``release_hints=True``, KIP-848 groups): a member that closes tells
+its followers, which then ask the coordinator for the partition at once; the hint grants
+nothing (:mod:`neli_orchestrate.core.hints`).
 
 Threads: ``pulse``/``background`` poll Kafka, and the barrier runs on the polling thread
 (the revoke barrier on a helper thread, see :meth:`Neli.pulse`). ``is_leader``/``leads``
@@ -36,6 +34,13 @@ from typing import Protocol, runtime_checkable
 
 from neli_orchestrate.core.clock import SYSTEM_CLOCK, Clock
 from neli_orchestrate.core.config import NeliConfig, ResolvedConfig
+from neli_orchestrate.core.confluent import (
+    ConfluentKafka,
+    admin_settings,
+    consumer_settings,
+    producer_settings,
+    watcher_settings,
+)
 from neli_orchestrate.core.events import (
     REASON_BARRIER_OVERRAN,
     REASON_FATAL,
@@ -46,30 +51,21 @@ from neli_orchestrate.core.events import (
     LeaderFenced,
     LeaderRevoked,
 )
+from neli_orchestrate.core.fast import FastNeliState
 from neli_orchestrate.core.full import FullNeliState
 from neli_orchestrate.core.heartbeat import (
-    Heartbeat,
     ReleaseHint,
-    decode_heartbeat,
-    decode_hint,
-    group_tag,
-    of_group,
 )
+from neli_orchestrate.core.hints import HINT_FLUSH, HintWatch, write_release_hints
 from neli_orchestrate.core.kafka import (
     MAX_POLL_EXCEEDED,
     OFFSET_END,
-    ConfluentKafka,
     ConsumerFault,
     GroupConsumer,
     HeartbeatProducer,
     KafkaClients,
-    LeaderTopicWatcher,
     Record,
-    admin_settings,
     authorization_denied,
-    consumer_settings,
-    producer_settings,
-    watcher_settings,
 )
 from neli_orchestrate.core.pulser import Pulser
 from neli_orchestrate.core.roles import Role
@@ -83,80 +79,12 @@ from neli_orchestrate.errors import (
     SessionTimeoutRejectedError,
 )
 
-__all__ = ["FastNeliState", "Neli", "NeliLike"]
+__all__ = ["Neli", "NeliLike"]
 
 log = logging.getLogger(__name__)
 
 _MAX_POLL_SLICE = 0.1   # close() waits at most this long for a pulse in progress
 _DRAIN = 500            # records handled per poll before the loop re-evaluates
-_MAX_PENDING = 1024     # own heartbeats awaiting read-back, per partition
-# After a release hint: nudge at once, and again after these delays while no assignment has
-# come. The hint is written when the departing leader's revoke barrier has finished, just
-# before its LeaveGroup, so it can overtake the leave: a KIP-848 heartbeat that arrives first
-# brings nothing new (retry soon); a classic rejoin starts a rebalance that the leave then
-# completes (one retry, late, in case the rejoin itself was lost).
-_NUDGE_RETRIES = (0.03, 0.1, 0.25)  # KIP-848 only: classic groups get no hints
-_NUDGE_RETRY = _NUDGE_RETRIES[-1]
-_BURST_STEP = 0.05    # KIP-848: nudge spacing around a silent leader's session deadline
-_HINT_FLUSH = 0.5       # how long close() waits for its release hints to be written
-
-
-class FastNeliState(LeadershipState):
-    """Fast NELI leadership: evidence is the member's *own* heartbeat, read back from the partition.
-
-    A heartbeat counts only if it carries this member's id and a sequence number this member
-    sent since the partition was assigned; its send time (this member's monotonic clock) is
-    the evidence. Records from anyone else never count.
-    """
-
-    mode = "fast"
-
-    def record(self, record: Record, now: float, wall: float) -> None:
-        with self._lock:
-            st = self._parts.get(record.partition)
-            if st is None or not st.assigned:
-                return
-            st.position = record.offset + 1
-            if record.key is not None and record.key != self.member_key:
-                # another member's record (with many roles on one partition, nearly all of
-                # them): skip it without parsing
-                self.counters["foreign_records"] += 1
-                return
-            beat = decode_heartbeat(record.key, record.value)
-            if beat is None or beat.member != self.member:
-                self.counters["foreign_records"] += 1
-                return
-            sent = st.pending.pop(beat.seq, None)
-            if sent is None:
-                return  # sent before this assignment, or not by this incarnation
-            for older in [s for s in st.pending if s < beat.seq]:
-                del st.pending[older]  # overtaken: a newer heartbeat already came back
-            self.counters["own_heartbeats"] += 1
-            if st.evidence is None or sent > st.evidence:
-                st.evidence = sent
-
-    def heartbeat_for(self, partition: int, now: float, wall: float) -> Heartbeat:
-        """Register and return a heartbeat for ``partition`` (sent by the caller now)."""
-        with self._lock:
-            st = self._parts[partition]
-            seq = self._next_seq()
-            st.pending[seq] = now
-            while len(st.pending) > _MAX_PENDING:
-                del st.pending[min(st.pending)]
-            st.next_heartbeat = now + self.heartbeat_interval
-            self.counters["heartbeats_sent"] += 1
-            return Heartbeat(member=self.member, seq=seq, sent_at=now, sent_wall=wall,
-                             group=self.group)
-
-    def due_heartbeats(self, now: float, wall: float) -> list[tuple[int, Heartbeat]]:
-        with self._lock:
-            due = [p for p, st in self._parts.items()
-                   if st.assigned and p in self.partition_roles and now >= st.next_heartbeat]
-            return [(p, self.heartbeat_for(p, now, wall)) for p in sorted(due)]
-
-    def _heartbeat_times(self) -> list[float]:
-        return [st.next_heartbeat for p, st in self._parts.items()
-                if st.assigned and p in self.partition_roles]
 
 
 @runtime_checkable
@@ -239,13 +167,6 @@ class Neli:
         self._warned: dict[str, int] = {}
         self._consumer: GroupConsumer | None = None
         self._producer: HeartbeatProducer | None = None
-        self._watcher: LeaderTopicWatcher | None = None
-        self._watched: tuple[int, ...] = ()
-        self._seen: dict[int, float] = {}      # watched partition -> when a record was read
-        self._retry_nudge: float | None = None
-        self._watch_started = False
-        self._nudge_plan: list[float] = []
-        self._silence_seen: dict[int, float] = {}  # partition -> last record already acted on
         self._hinted: set[int] = set()          # partitions whose release hint is written
 
         clients: KafkaClients = kafka if kafka is not None else ConfluentKafka()
@@ -264,7 +185,6 @@ class Neli:
         finally:
             admin.close()
 
-        self._group_tag = group_tag(r.group_id)
         state_args = dict(
             member=self._member_id, roles=r.roles, partitions=self._partitions,
             lease=r.heartbeat_timeout, heartbeat_interval=r.heartbeat_interval,
@@ -276,6 +196,8 @@ class Neli:
             self._state = FullNeliState(clock_error=r.clock_error, **state_args)
         else:
             self._state = FastNeliState(**state_args)  # type: ignore[arg-type]
+        self._hints = HintWatch(self._state, r, self._member_id, clock=self._clock,
+                                rejoin=self._rejoin, on_hint=self._on_hint, warn=self._warn_once)
 
         try:
             self._producer = clients.producer(producer_settings(r), r.topic)
@@ -286,7 +208,7 @@ class Neli:
                 # join is in flight aborts the process (rd_kafka_cgrp_modify_subscription
                 # assertion, seen under load). Classic hand-over waits for the group heartbeat.
                 # Positioned at the first pulse: nothing is read before, and start stays short.
-                self._watcher = clients.watcher(watcher_settings(r), r.topic)
+                self._hints.open(clients.watcher(watcher_settings(r), r.topic))
             self._consumer.subscribe(_Listener(self))
         except Exception as exc:
             self._release_clients()
@@ -340,7 +262,7 @@ class Neli:
         data["membership_proven_at"] = self._state.membership_proven_at
         data["assigned_partitions"] = self._state.assigned_partitions()
         data["events"] = self._events_emitted
-        data["watched_partitions"] = list(self._watched)
+        data["watched_partitions"] = list(self._hints.watched)
         return data
 
     # -- leadership ----------------------------------------------------------------------------
@@ -411,9 +333,8 @@ class Neli:
             if self._closing.is_set():
                 return False
             self._raise_if_fatal()
-            if self._watcher is not None and not self._watched and not self._watch_started:
-                self._watch_started = True
-                self._rewatch()
+            hints = self._hints
+            hints.start()
             clock = self._clock
             start = clock.monotonic()
             if timeout == 0 and start - self._last_poll < self._r.min_poll_interval:
@@ -425,21 +346,21 @@ class Neli:
                 now = clock.monotonic()
                 self._emit(self._state.evaluate(now, clock.time()))
                 self._send_heartbeats(now)
-                self._nudge_if_due(now)
+                hints.nudge_if_due(now)
                 wake = self._state.next_wakeup(now)
                 step = min(deadline - now, _MAX_POLL_SLICE)
                 if wake is not None:
                     step = min(step, wake - now)
-                if self._retry_nudge is not None:
-                    step = min(step, self._retry_nudge - now)
-                if self._watch_first(now):
+                if hints.next_nudge is not None:
+                    step = min(step, hints.next_nudge - now)
+                if hints.watch_first(now):
                     # An idle follower: block on the watched partitions, where a hint (or the
                     # leader's heartbeat) arrives; then serve the group's callbacks.
-                    self._poll_watcher(max(0.0, step))
+                    hints.poll(max(0.0, step))
                     self._poll(0.0)
                 else:
                     self._poll(max(0.0, step))
-                    self._poll_watcher(0.0)
+                    hints.poll(0.0)
                 assert self._producer is not None
                 self._producer.poll(0)
                 now = clock.monotonic()
@@ -498,7 +419,7 @@ class Neli:
                     self._write_release_hints(rest)
                 if self._hinted and self._producer is not None:
                     try:
-                        self._producer.flush(min(_HINT_FLUSH, self._r.request_timeout))
+                        self._producer.flush(min(HINT_FLUSH, self._r.request_timeout))
                     except Exception:  # noqa: BLE001 - a lost hint only slows a hand-over
                         log.debug("flushing release hints failed", exc_info=True)
                 self._emit(self._state.close(self._clock.monotonic(), self._clock.time()))
@@ -538,22 +459,12 @@ class Neli:
                       exc_info=True)
 
     def _write_release_hints(self, partitions: Sequence[int]) -> None:
-        """Tell followers watching ``partitions`` to ask the coordinator for them now.
-
-        Queued, not awaited: ``close()`` flushes once the member has left the group.
-        """
+        """Tell followers watching ``partitions`` to ask the coordinator for them now."""
         if self._producer is None:
             return
-        key, value = ReleaseHint(member=self._member_id, sent_wall=self._clock.time(),
-                                 group=self._r.group_id).encode()
-        try:
-            for p in partitions:
-                self._producer.send(p, key, value)
-                self._hinted.add(p)
-        except Exception:  # noqa: BLE001 - a lost hint only slows the hand-over down
-            log.debug("release hint of member %s not written", self._member_id, exc_info=True)
-        log.debug("member %s wrote release hints to partition(s) %s", self._member_id,
-                  list(partitions))
+        hint = ReleaseHint(member=self._member_id, sent_wall=self._clock.time(),
+                           group=self._r.group_id)
+        self._hinted.update(write_release_hints(self._producer, partitions, hint))
 
     def _release_clients(self, consumer_closed: bool = False) -> None:
         if self._consumer is not None and not consumer_closed:
@@ -562,12 +473,7 @@ class Neli:
             except Exception:  # noqa: BLE001
                 log.debug("closing consumer failed", exc_info=True)
         self._consumer = None
-        if self._watcher is not None:
-            try:
-                self._watcher.close()
-            except Exception:  # noqa: BLE001
-                log.debug("closing the hint watcher failed", exc_info=True)
-        self._watcher = None
+        self._hints.close()
         if self._producer is not None:
             try:
                 self._producer.close()
@@ -590,121 +496,15 @@ class Neli:
             result = self._consumer.poll(0)
             self._last_poll = self._clock.monotonic()
 
-    # -- internals: release hints -------------------------------------------------------------
-
-    def _rewatch(self) -> None:
-        """Watch exactly the role partitions not assigned to this member."""
-        if self._watcher is None:
-            return
-        assigned = set(self._state.assigned_partitions())
-        watched = tuple(sorted(p for p in self._state.partition_roles if p not in assigned))
-        if watched == self._watched:
-            return
-        self._watched = watched
-        self._seen = {p: t for p, t in self._seen.items() if p in watched}
-        if not watched:
-            self._retry_nudge = None
-            self._nudge_plan = []
-            self._silence_seen.clear()
-        try:
-            self._watcher.watch(watched)
-        except Exception as exc:  # noqa: BLE001 - without hints hand-overs are only slower
-            self._warn_once("watch", "member %s cannot watch partition(s) %s for release "
-                            "hints: %s", self._member_id, list(watched), exc)
-
-    def _watch_first(self, now: float) -> bool:
-        """Block on the watcher rather than the group consumer?
-
-        Only for a member that holds no partition (nothing of its own to read back) and while
-        every watched partition shows a live leader (a record within two heartbeat
-        intervals): then a hint is the likely next event. Otherwise the group's callbacks
-        come first (an assignment after a crash, a nudge being answered).
-        """
-        if not self._watched or self._retry_nudge is not None:
-            return False
-        if self._state.assigned_partitions():
-            return False
-        quiet = 2 * self._r.heartbeat_interval
-        return all(now - self._seen.get(p, -math.inf) < quiet for p in self._watched)
-
-    def _poll_watcher(self, timeout: float) -> None:
-        if self._watcher is None or not self._watched:
-            return
-        result = self._watcher.poll(timeout)
-        handled = 0
-        while result is not None:
-            if isinstance(result, ConsumerFault):
-                self._warn_once(f"watch:{result.code}", "hint watcher of member %s: %s: %s",
-                                self._member_id, result.code, result.message)
-            elif result.partition in self._watched and of_group(result.value, self._group_tag):
-                # only this group's records are news of its leader: other roles' leaders
-                # heartbeat on the same partition
-                now = self._clock.monotonic()
-                self._seen[result.partition] = now
-                hint = decode_hint(result.value)
-                if hint is not None and hint.member != self._member_id:
-                    self._on_hint(result.partition, hint, now)
-            handled += 1
-            if handled >= _DRAIN:
-                break
-            result = self._watcher.poll(0)
+    # -- internals: release hints (core/hints.py) ---------------------------------------------
 
     def _on_hint(self, partition: int, hint: ReleaseHint, now: float) -> None:
-        self._state.counters["hints_read"] = self._state.counters.get("hints_read", 0) + 1
-        log.debug("member %s read a release hint of %s on partition %d", self._member_id,
-                  hint.member, partition)
-        self._seen.pop(partition, None)   # the leader is gone: the group comes first now
-        self._nudge(now)
-        self._plan_nudges([now + d for d in _NUDGE_RETRIES])
+        """Another member's release hint for ``partition`` was read: nudge (grants nothing)."""
+        self._hints.hint_read(partition, hint, now)
 
-    def _plan_nudges(self, times: Sequence[float]) -> None:
-        self._nudge_plan = sorted(set(self._nudge_plan) | set(times))
-        self._retry_nudge = self._nudge_plan[0] if self._nudge_plan else None
-
-    def _nudge_if_due(self, now: float) -> None:
-        self._check_silence(now)
-        if self._retry_nudge is not None and now >= self._retry_nudge:
-            while self._nudge_plan and self._nudge_plan[0] <= now:
-                self._nudge_plan.pop(0)
-            self._retry_nudge = self._nudge_plan[0] if self._nudge_plan else None
-            if self._watched:
-                self._nudge(now)
-
-    def _check_silence(self, now: float) -> None:
-        """A watched partition went quiet: its leader died, stalls, or runs a long barrier.
-
-        The coordinator hands the partition over only when the leader's session ends, at an
-        instant this member cannot know exactly (about the leader's last record plus the
-        session timeout). Learning of it at the next group heartbeat would add up to one
-        interval; KIP-848 members heartbeat every 50 ms around the expected deadline instead
-        (a heartbeat changes nothing at the coordinator, so this is safe whatever the leader
-        is doing). Classic members do nothing: a rejoin starts a rebalance, and a leader that
-        is quiet because its revoke barrier runs inside ``close()`` would then lose the
-        partition before its barrier returns (observed with librdkafka 2.16).
-        """
-        if self._r.group_protocol == "classic":
-            return
-        quiet = 2 * self._r.heartbeat_interval
-        for p in self._watched:
-            last = self._seen.get(p)
-            if last is None or self._silence_seen.get(p) == last or now - last < quiet:
-                continue
-            self._silence_seen[p] = last
-            if self._r.group_heartbeat_interval > 2 * _BURST_STEP:
-                first = last + self._r.session_timeout - self._r.group_heartbeat_interval
-                count = int((self._r.group_heartbeat_interval + quiet) / _BURST_STEP) + 1
-                self._plan_nudges([max(now, first + i * _BURST_STEP) for i in range(count)])
-
-    def _nudge(self, now: float) -> None:
-        """Ask the coordinator for our assignment now. Grants nothing by itself."""
-        if self._consumer is None:
-            return
-        self._state.counters["nudges"] = self._state.counters.get("nudges", 0) + 1
-        try:
+    def _rejoin(self) -> None:
+        if self._consumer is not None:
             self._consumer.rejoin()
-        except Exception as exc:  # noqa: BLE001 - the next group heartbeat does the same
-            self._warn_once("rejoin", "member %s could not ask for its assignment early: %s",
-                            self._member_id, exc)
 
     def _handle(self, result: Record | ConsumerFault) -> None:
         now, wall = self._clock.monotonic(), self._clock.time()
@@ -880,7 +680,7 @@ class Neli:
         for p, o in known.items():
             self._state.set_position(p, o)
         self._commit(known, now)
-        self._rewatch()
+        self._hints.rewatch()
         return starts
 
     def _first_heartbeat(self, partition: int, now: float, wall: float) -> int | None:
@@ -913,7 +713,7 @@ class Neli:
         self._run_revoke_barrier(self._state.revoke(partitions, now, wall,
                                                     closing=self._closing.is_set()))
         if not self._closing.is_set():
-            self._rewatch()
+            self._hints.rewatch()
         elif self._r.release_hints:
             # Closing: the barrier is done and LeaveGroup follows this callback. Hint now, so
             # followers ask for the partition while the leave is on its way.
@@ -926,7 +726,7 @@ class Neli:
                     self._member_id, list(partitions))
         self._emit(self._state.lose(partitions, now, wall, REASON_PARTITION_LOST))
         if not self._closing.is_set():
-            self._rewatch()
+            self._hints.rewatch()
 
     def _on_commit(self, offsets: Mapping[int, int], error: str | None) -> None:
         now, wall = self._clock.monotonic(), self._clock.time()

@@ -15,8 +15,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from neli_orchestrate.core.kafka import RECONNECT_BACKOFF_MS
-from neli_orchestrate.core.kafka import is_authorization_error as _denied
+from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS
+from neli_orchestrate.core.confluent import is_authorization_error as _denied
 from neli_orchestrate.errors import (
     AuthorizationError,
     ConfigError,
@@ -209,7 +209,7 @@ class KafkaLedger:
         conf["bootstrap.servers"] = self.config.bootstrap_servers
         conf.setdefault("logger", logging.getLogger(__name__ + ".librdkafka"))
         # the claim waits for this producer's and the replay consumer's first requests: the
-        # same short first reconnect as the member's clients (core.kafka.RECONNECT_BACKOFF_MS)
+        # same short first reconnect as the member's clients (core.confluent.RECONNECT_BACKOFF_MS)
         conf.setdefault("reconnect.backoff.ms", RECONNECT_BACKOFF_MS)
         return conf
 

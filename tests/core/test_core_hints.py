@@ -13,7 +13,7 @@ from core_fakes import FakeClients, FakeCluster, FakeConsumer
 
 from neli_orchestrate.core import FakeClock, LeaderEvent, Neli, NeliConfig
 from neli_orchestrate.core.heartbeat import Heartbeat, ReleaseHint, decode_heartbeat, decode_hint
-from neli_orchestrate.core.neli import _NUDGE_RETRIES, _NUDGE_RETRY
+from neli_orchestrate.core.hints import _NUDGE_RETRIES, _NUDGE_RETRY
 
 SETTINGS: dict[str, object] = dict(
     bootstrap_servers="fake:0", group_id="g", session_timeout=1.0, heartbeat_timeout=0.3,

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
-from neli_orchestrate.core import kafka as core_kafka
+from neli_orchestrate.core import confluent as core_kafka
 from neli_orchestrate.errors import (
     PermanentKafkaError,
     SessionTimeoutRejectedError,

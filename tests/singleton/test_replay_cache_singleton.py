@@ -86,8 +86,8 @@ def test_a_gate_refuses_to_claim_after_the_ledger_topic_was_recreated(
 def test_a_first_replay_from_offset_zero_happens_before_joining_not_while_leading(
     kafka_broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import neli_orchestrate.singleton as singleton_module
     from neli_orchestrate.ledger import KafkaLedger
+    from neli_orchestrate.singleton import leadership as singleton_module
 
     namespace = f"cache{uuid.uuid4().hex[:8]}"
     run_once(kafka_broker, namespace, tmp_path / "host-a", "2013-01-01")

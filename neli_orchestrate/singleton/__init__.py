@@ -1,0 +1,26 @@
+"""Run each run of a singleton role exactly once across deployments: lead, fence, decide, run.
+
+Usage::
+
+    singleton = Singleton(SingletonConfig(neli=NeliConfig(bootstrap_servers="127.0.0.1:9092"),
+                                          namespace="acme", deployment="us-east-1"))
+    with singleton.claim(role="daily_flights", run_key="2013-01-05") as run:
+        if run.should_run:
+            build_table(token=run.token)     # leaving the block records COMPLETED
+
+One concept per module: :mod:`~neli_orchestrate.singleton.singleton` (the API: claim, reserve,
+execute, reset, expire), :mod:`~neli_orchestrate.singleton.config` (:class:`SingletonConfig`),
+:mod:`~neli_orchestrate.singleton.run` (the answers, :class:`Reservation` and :class:`Run`),
+:mod:`~neli_orchestrate.singleton.leadership` (a role's member from acquiring to release),
+:mod:`~neli_orchestrate.singleton.busy` (the busy-group rule) and
+:mod:`~neli_orchestrate.singleton.groups` (what it reads of groups it does not join).
+"""
+
+from neli_orchestrate.singleton.config import SingletonConfig
+from neli_orchestrate.singleton.config import (  # the ledger's client settings, for front doors
+    ledger_client_settings as ledger_client_settings,
+)
+from neli_orchestrate.singleton.run import Reservation, Run
+from neli_orchestrate.singleton.singleton import Singleton
+
+__all__ = ["Reservation", "Run", "Singleton", "SingletonConfig"]

@@ -1,0 +1,60 @@
+"""What a Singleton reads of consumer groups it does not join, through the Kafka seam.
+
+Two read-only looks, over one admin client of the seam
+(:class:`~neli_orchestrate.core.kafka.LeaderTopicAdmin`) created on first use: how many members
+a role's group has (the busy-group rule, :mod:`neli_orchestrate.singleton.busy`) and whether
+another deployment is alive (its liveness group,
+:class:`~neli_orchestrate.liveness.LivenessReader`). Neither joins a group, so neither
+rebalances anyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS, ConfluentKafka
+from neli_orchestrate.core.kafka import LeaderTopicAdmin
+from neli_orchestrate.liveness import DeploymentLiveness, LivenessReader
+from neli_orchestrate.singleton.config import SingletonConfig, ledger_client_settings
+
+__all__ = ["GroupReads"]
+
+
+class GroupReads:
+    """Role groups' members and deployments' liveness, read without joining (thread-safe)."""
+
+    def __init__(self, config: SingletonConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._admin: LeaderTopicAdmin | None = None
+
+    def members(self, group: str) -> int:
+        """How many members ``group`` has now (0 if it does not exist). Raises
+        :class:`~neli_orchestrate.errors.AuthorizationError` or
+        :class:`~neli_orchestrate.errors.KafkaUnavailableError`."""
+        description = self._seam().describe_group(
+            group, self._config.neli.resolved.request_timeout)
+        return 0 if description is None else len(description.members)
+
+    def liveness(self, deployment: str) -> DeploymentLiveness:
+        """Kafka's reading of ``deployment``'s liveness group (namespace of the config)."""
+        reader = LivenessReader(self._seam(), self._config.names.name,
+                                request_timeout=self._config.neli.resolved.request_timeout)
+        return reader.read(deployment)
+
+    def _seam(self) -> LeaderTopicAdmin:
+        with self._lock:
+            if self._admin is None:
+                # with the short first reconnect of every member client (core.confluent):
+                # this client's first request is the gate's busy check
+                self._admin = ConfluentKafka().admin(self._settings())
+            return self._admin
+
+    def _settings(self) -> dict[str, Any]:
+        neli = self._config.neli.resolved
+        return {"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                **ledger_client_settings(neli.kafka_config),
+                "bootstrap.servers": neli.bootstrap_servers,
+                "logger": logging.getLogger("neli_orchestrate.singleton.librdkafka")}

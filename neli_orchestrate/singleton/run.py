@@ -1,0 +1,134 @@
+"""What :class:`~neli_orchestrate.singleton.Singleton` answers: a :class:`Reservation`, or a
+:class:`Run` that is held while the work runs and fenced if leadership is lost meanwhile.
+
+Usage::
+
+    with singleton.claim(role="daily_flights", run_key="2013-01-05") as run:
+        if run.should_run:
+            run.on_fence(lambda reason: job.cancel())
+            build_table(token=run.token)
+
+Both carry the :class:`~neli_orchestrate.claim.Claim` handed to the work (``.claim``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from neli_orchestrate.claim import Claim
+from neli_orchestrate.decision import Outcome
+from neli_orchestrate.errors import FencedError
+from neli_orchestrate.ledger import LedgerRecord
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Reservation", "Run"]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Answer of :meth:`Singleton.reserve`: whether this deployment now holds the run's claim."""
+
+    role: str
+    run_key: str
+    outcome: Outcome
+    reason: str
+    #: The claim's fencing token when :attr:`should_run`, else None.
+    token: int | None
+    #: The latest ledger record the decision saw (for SKIP_DONE: who completed it, and when).
+    record: LedgerRecord | None
+    deployment: str
+    #: WAIT: wall-clock time after which asking again may give another answer (None: ask at
+    #: the caller's own interval; another member leads, or the other deployment must act).
+    wait_until: float | None = None
+
+    @property
+    def should_run(self) -> bool:
+        """True if this deployment holds a fresh claim and its executor should run the work."""
+        return self.token is not None
+
+    @property
+    def claim(self) -> Claim | None:
+        """The claim this deployment holds (the handle its work gets), None unless
+        :attr:`should_run`."""
+        if self.token is None:
+            return None
+        return Claim(token=self.token, run_key=self.run_key, role=self.role,
+                     deployment=self.deployment)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Run(Reservation):
+    """One run of a role inside :meth:`Singleton.claim` or :meth:`Singleton.execute`: the
+    answer, held while the work runs, and fenced (:meth:`check`, :meth:`on_fence`) if
+    leadership is lost meanwhile.
+
+    ``outcome`` says what the decision table decided; run the work only if :attr:`should_run`.
+    """
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_lock", threading.Lock())
+        object.__setattr__(self, "_fenced", None)
+        object.__setattr__(self, "_callbacks", [])
+
+    _lock: threading.Lock = field(init=False, repr=False)
+    _fenced: str | None = field(init=False, repr=False)
+    _callbacks: list[Callable[[str], object]] = field(init=False, repr=False)
+
+    @property
+    def fenced(self) -> bool:
+        """True once leadership was lost while the work ran."""
+        return self._fenced is not None
+
+    def on_fence(self, callback: Callable[[str], object]) -> None:
+        """Call ``callback(reason)`` from the watchdog thread when leadership is lost.
+
+        Use it to stop the work at once (kill spark-submit, cancel a Spark job group). A
+        callback registered after the fence runs immediately.
+
+        .. note:: Callbacks run on the watchdog thread; keep them short and thread-safe.
+        """
+        with self._lock:
+            reason = self._fenced
+            if reason is None:
+                self._callbacks.append(callback)
+        if reason is not None:
+            _call_quietly(callback, reason)
+
+    def check(self) -> None:
+        """Raise :class:`FencedError` if this member no longer holds the run."""
+        reason = self._fenced
+        if reason is not None:
+            raise FencedError(
+                f"role {self.role!r} run {self.run_key!r} (token {self.token}) was fenced:"
+                f" {reason}",
+                role=self.role,
+                token=self.token,
+            )
+
+    def _fence(self, reason: str) -> None:
+        with self._lock:
+            if self._fenced is not None:
+                return
+            object.__setattr__(self, "_fenced", reason)
+            callbacks = self._callbacks
+            object.__setattr__(self, "_callbacks", [])
+        log.error("fenced: role %r run %r token %s: %s", self.role, self.run_key, self.token,
+                  reason)
+        for callback in callbacks:
+            _call_quietly(callback, reason)
+
+    def __repr__(self) -> str:
+        return (f"Run(role={self.role!r}, run_key={self.run_key!r}, outcome={self.outcome},"
+                f" token={self.token})")
+
+
+def _call_quietly(callback: Callable[[str], object], reason: str) -> None:
+    try:
+        callback(reason)
+    except Exception:  # noqa: BLE001 - one bad callback must not stop the others
+        log.exception("fence callback %r failed", callback)
+
