@@ -13,7 +13,10 @@ what matters is where the driver runs and when it ends).
   kills the driver on the cluster: the master shows it KILLED, the try fails as fenced and its
   log shows the kill confirmed by the master.
 - The same fence while the master's REST server is unreachable from the task: the try fails
-  naming the driver as possibly still running (and the master shows it still RUNNING).
+  naming the driver as possibly still running (and the master shows it still RUNNING), and
+  Airflow's metrics count it (``neli.spark_unconfirmed_kill``).
+- Reset + clear of a completed date (same DAG run, so the resumable job's stored driver id is
+  still there): a new driver under the new, larger token, COMPLETED under that token.
 """
 
 from __future__ import annotations
@@ -353,3 +356,60 @@ def test_an_execution_timeout_kills_the_driver_before_failed_is_recorded(
     # Whenever FAILED was written, the master already showed the driver killed.
     assert all(n["drivers"][driver] == "KILLED" for n in failed), failed
     assert not list(out.glob("*.finished"))
+
+
+def airflow(environ: dict[str, str], *args: str, timeout: float = 300) -> str:
+    """Run ``airflow ARGS`` in the home ``environ`` names; its output (fails the test on error)."""
+    from neli_orchestrate.demo.regions import AIRFLOW
+
+    result = subprocess.run([AIRFLOW, *args], env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert result.returncode == 0, failure(result.stdout) or result.stdout[-5000:]
+    return result.stdout
+
+
+def test_reset_and_clear_of_a_completed_date_submits_a_new_application_with_the_new_token(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path
+) -> None:
+    # What docs/airflow.md tells users to do to run a completed date again: reset the run key
+    # (neli-orchestrate ledger reset), then clear the gate and the task in the same DAG run. The
+    # stock SparkSubmitOperator is a resumable job that keeps its driver id in the DAG run's
+    # task_state_store across a clear; the new claim must not resume it (nor return at once for
+    # the old, FINISHED driver) but submit a new driver that carries the new token.
+    from dagtest_runner import dag_command
+
+    dag_id = "cluster_reset"
+    out = tmp_path / "out"
+    cmd, environ = dag_command(
+        tmp_path, dag_source(dag_id, driver_jar, out, 1), dag_id,
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_cluster": spark_connection(spark_cluster.rest_port)},
+        env=spark_env())
+    first = airflow(environ, *cmd[1:])
+    (first_driver,) = driver_ids(first)
+    run_key = RUN_KEY.format(dag_id=dag_id)
+    with singleton(neli_connection(kafka_broker, namespace, "us-east-1")) as s:
+        done = s.status(dag_id, run_key)
+    assert done is not None and done.state is RunState.COMPLETED, done
+    assert (out / f"{done.token}.finished").exists()
+
+    reset = subprocess.run(
+        [sys.executable, "-m", "neli_orchestrate.cli", "ledger", "reset", dag_id, run_key,
+         "-b", kafka_broker, "-n", namespace, "--profile", "fast", "--deployment", "us-east-1",
+         "--reason", "test: run the date again", "--json"],
+        capture_output=True, text=True, timeout=120)
+    assert reset.returncode == 0, reset.stderr
+    assert json.loads(reset.stdout)["token"] > done.token
+    airflow(environ, "tasks", "clear", "--yes", "--task-regex", "^(gate|job)$", dag_id)
+    airflow(environ, "tasks", "test", dag_id, "gate", "2013-01-01")
+    second = airflow(environ, "tasks", "test", dag_id, "job", "2013-01-01")
+
+    with singleton(neli_connection(kafka_broker, namespace, "us-east-1")) as s:
+        again = s.status(dag_id, run_key)
+    assert again is not None and again.state is RunState.COMPLETED, again
+    assert again.token > json.loads(reset.stdout)["token"] > done.token
+    (second_driver,) = driver_ids(second)
+    assert second_driver != first_driver  # a new application, not the resumed old one
+    assert spark_cluster.driver_state(second_driver) == "FINISHED"
+    # the new driver ran under the new claim's token (spark.neli.token), and finished
+    assert (out / f"{again.token}.finished").exists(), sorted(p.name for p in out.iterdir())
