@@ -15,6 +15,9 @@ what matters is where the driver runs and when it ends).
 - The same fence while the master's REST server is unreachable from the task: the try fails
   naming the driver as possibly still running (and the master shows it still RUNNING), and
   Airflow's metrics count it (``neli.spark_unconfirmed_kill``).
+- The PySpark nycflights job (dags/nycflights_daily.py itself) with ``--master spark://…`` in
+  client mode: executors on the worker, the master lists the application FINISHED, COMPLETED
+  recorded under the token of the published output, after it was published.
 - Reset + clear of a completed date (same DAG run, so the resumable job's stored driver id is
   still there): a new driver under the new, larger token, COMPLETED under that token.
 """
@@ -413,3 +416,42 @@ def test_reset_and_clear_of_a_completed_date_submits_a_new_application_with_the_
     assert spark_cluster.driver_state(second_driver) == "FINISHED"
     # the new driver ran under the new claim's token (spark.neli.token), and finished
     assert (out / f"{again.token}.finished").exists(), sorted(p.name for p in out.iterdir())
+
+
+NYCFLIGHTS_DAG = Path(__file__).resolve().parents[2] / "dags" / "nycflights_daily.py"
+
+
+def test_the_pyspark_nycflights_job_runs_on_the_cluster_in_client_mode_behind_the_gate(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str
+) -> None:
+    # The example DAG itself (dags/nycflights_daily.py: deferrable gate, stock
+    # SparkSubmitOperator) with spark_default = the cluster's master: the driver runs in the
+    # task's spark-submit, the executors on the worker.
+    from neli_orchestrate.spark import MARKER_NAME, TokenCommitGuard
+
+    out = tmp_path / "nycflights"
+    (tmp_path / "dags").mkdir()
+    (tmp_path / "dags" / "jobs").symlink_to(NYCFLIGHTS_DAG.parent / "jobs")
+    result = run_dag(
+        tmp_path, NYCFLIGHTS_DAG.read_text(), "nycflights_daily",
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_default": {"conn_type": "spark", "host": spark_cluster.master_url}},
+        env={**spark_env(), "AIRFLOW_VAR_NYCFLIGHTS_OUTPUT": str(out)}, timeout=600)
+    assert result.returncode == 0, failure(result.output)
+    with singleton(neli_connection(kafka_broker, namespace, "us-east-1")) as s:
+        record = s.status("nycflights_daily/2013-01-01",
+                          RUN_KEY.format(dag_id="nycflights_daily"))
+    assert record is not None and record.state is RunState.COMPLETED, record
+    marker = TokenCommitGuard(out, partition_column="date").committed("2013-01-01")
+    assert marker is not None and marker.token == record.token
+    published = Path(marker.path)
+    assert list(published.glob("*.parquet"))
+    # COMPLETED was recorded after the output was published (marker written, then renamed in)
+    assert record.at > max((published / MARKER_NAME).stat().st_mtime, published.stat().st_ctime)
+    # the application ran on the cluster: the master lists it finished, with executors there
+    apps = [a for a in spark_cluster.state().get("completedapps", [])
+            if a.get("name") == "nycflights_daily 2013-01-01"]  # the job's appName
+    assert [a["state"] for a in apps] == ["FINISHED"], spark_cluster.state()
+    # ... and its executors ran on the worker (their directory in the worker's work dir)
+    assert list((spark_cluster.workdir / "work" / apps[0]["id"]).glob("*/stderr"))
+    assert "nycflights 2013-01-01" in result.output  # the report task read the output back
