@@ -273,6 +273,55 @@ class CuttableProxy:
         self.server.close()
 
 
+class Statsd:
+    """A StatsD server on loopback UDP: every line Airflow's ``Stats`` sent (a reader thread,
+    so a burst of datagrams never overflows the socket's buffer)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.lines: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.lines += self.sock.recv(65535).decode(errors="replace").splitlines()
+            except TimeoutError:
+                continue
+
+    def env(self) -> dict[str, str]:
+        return {"AIRFLOW__METRICS__STATSD_ON": "True",
+                "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.sock.getsockname()[1]),
+                "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}
+
+    def count(self, name: str, deadline: float = 10.0) -> int:
+        """The counter ``name``'s total, once it was seen (or after ``deadline`` seconds)."""
+        end = time.monotonic() + deadline
+        while True:
+            total = sum(int(line.split(":", 1)[1].split("|", 1)[0]) for line in list(self.lines)
+                        if line.split(":", 1)[0] == name and line.endswith("|c"))
+            if total or time.monotonic() > end:
+                return total
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def statsd() -> Iterator[Statsd]:
+    receiver = Statsd()
+    yield receiver
+    receiver.close()
+
+
 @pytest.fixture
 def rest_proxy(spark_cluster: Any) -> Iterator[CuttableProxy]:
     proxy = CuttableProxy(spark_cluster.rest_port)
@@ -282,14 +331,14 @@ def rest_proxy(spark_cluster: Any) -> Iterator[CuttableProxy]:
 
 def test_a_fence_that_cannot_reach_the_master_says_the_driver_may_still_run(
     tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path,
-    rest_proxy: CuttableProxy
+    rest_proxy: CuttableProxy, statsd: Statsd
 ) -> None:
     out = tmp_path / "out"
     proc = start_dag(
         tmp_path, dag_source("cluster_cut", driver_jar, out, 600), "cluster_cut",
         connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
                      "spark_cluster": spark_connection(rest_proxy.port)},
-        env={**spark_env(), "NELI_SPARK_KILL_CONFIRM_TIMEOUT": "5"})
+        env={**spark_env(), **statsd.env(), "NELI_SPARK_KILL_CONFIRM_TIMEOUT": "5"})
     log = tmp_path / "dags_test.log"
     driver = None
     try:
@@ -306,6 +355,9 @@ def test_a_fence_that_cannot_reach_the_master_says_the_driver_may_still_run(
         assert "may still be running" in output
         # the report is true: the driver still runs on the cluster
         assert spark_cluster.driver_state(driver) == "RUNNING"
+        # and it is counted where the deployment's metrics go: the fenced member can no longer
+        # write the ledger (the successor's transactional producer fenced it)
+        assert statsd.count("airflow.neli.spark_unconfirmed_kill") == 1, statsd.lines[-40:]
     finally:
         if proc.poll() is None:
             proc.kill()
