@@ -62,6 +62,21 @@ class WorkSkipped(NeliError):
         self.original = original
 
 
+class WorkNotStopped(NeliError):
+    """The work failed and something it started elsewhere could not be confirmed stopped.
+
+    Raise it (or a subclass) from the work when a remote application (a Spark driver in
+    cluster deploy mode) may outlive the try: the singleton records ``FAILED`` with
+    ``application`` in the record's ``unstopped`` field, which the CLI and the read model show
+    as "may still be running".
+    """
+
+    def __init__(self, message: str, *, application: str) -> None:
+        super().__init__(message)
+        #: What may still run, e.g. ``standalone application driver-… on spark://…``.
+        self.application = application
+
+
 class AcquireTimeoutError(NeliError):
     """Leadership of a role could not be acquired in time: another member holds it."""
 

@@ -31,7 +31,8 @@ __all__ = ["Metric", "MetricEvent", "MetricsHook"]
 
 
 class Metric(StrEnum):
-    """The events a Singleton reports (``MetricEvent.name``); counters unless noted."""
+    """The events a Singleton (or a fenced task) reports (``MetricEvent.name``); counters
+    unless noted."""
 
     #: A claim was written (outcome ``RUN``, ``RETRY`` or ``TAKE_OVER``, by a gate or a retry).
     CLAIM = "claim"
@@ -51,6 +52,10 @@ class Metric(StrEnum):
     LEADER_LOST = "leader_lost"
     #: Timing, seconds: from starting to acquire a role to leading it.
     TIME_TO_LEAD = "time_to_lead"
+    #: A stopped try (fence, timeout, SIGTERM, error) could not confirm that its remote Spark
+    #: application (a cluster-mode driver) stopped: it may still be running. Reported by the
+    #: fenced Airflow task, also where a fenced member can no longer write the ledger.
+    SPARK_UNCONFIRMED_KILL = "spark_unconfirmed_kill"
 
 
 @dataclass(frozen=True)

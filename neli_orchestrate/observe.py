@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LeaderSpell", "MemberStatus", "Overview", "RoleOverview", "RoleStatus",
            "broker_config", "collect_overview", "collect_status", "describe_config",
-           "entry_data", "group_prefix", "iso_time", "role_of_group"]
+           "entry_data", "group_prefix", "iso_time", "role_of_group", "unstopped_note",
+           "unstopped_notes"]
 
 #: Ledger rows an overview keeps per role (newest first).
 LEDGER_ROWS = 50
@@ -238,18 +239,48 @@ def _timeline(beats: Sequence[tuple[float, str, int]], partition: int, members: 
     return spells[-TIMELINE_SPELLS:]
 
 
-def _ledger_members(target: ClusterSettings, roles: Sequence[str],
-                    history: LedgerHistory | None = None) -> dict[tuple[str, str], str]:
-    """{(role, NELI member id): deployment} from the ledger; empty if it cannot be read."""
+def _read_ledger(target: ClusterSettings, roles: Sequence[str],
+                 history: LedgerHistory | None = None) -> LedgerHistory | None:
+    """``history`` if given, else the ledger of ``roles``; None if it cannot be read."""
     from neli_orchestrate.ledger.history import read_history
 
     if history is None:
         try:
             history = read_history(target.ledger_config(), roles=roles)
         except KafkaUnavailableError:
-            return {}
+            return None
+    return history
+
+
+def _ledger_members(history: LedgerHistory | None) -> dict[tuple[str, str], str]:
+    """{(role, NELI member id): deployment} from the ledger; empty if it cannot be read."""
+    if history is None:
+        return {}
     return {(e.role, e.record.member): e.record.deployment for e in history.entries
             if e.record is not None and e.role is not None}
+
+
+def unstopped_note(entry: HistoryEntry) -> str | None:
+    """"run R: <application> may still be running (...)" for a ``FAILED`` record whose try could
+    not confirm its remote application stopped (the record's ``unstopped``); else None."""
+    record = entry.record
+    if record is None or not record.unstopped:
+        return None
+    return (f"run {record.run_key!r}: {record.unstopped} may still be running (its try under "
+            f"token {record.token} failed at {iso_time(record.at)} in deployment "
+            f"{record.deployment!r} without confirming the kill); check the cluster manager "
+            f"and kill it if so")
+
+
+def unstopped_notes(history: LedgerHistory | None) -> dict[str, list[str]]:
+    """{role: notes} of every record still in the ledger that names an application which may
+    still be running (:func:`unstopped_note`), oldest first."""
+    notes: dict[str, list[str]] = {}
+    for entry in history.entries if history is not None else ():
+        note = unstopped_note(entry)
+        if note is not None and entry.role is not None:
+            notes.setdefault(entry.role, []).append(note)
+    return notes
 
 
 def _group_session(admin: Any, target: ClusterSettings, group: str,
@@ -301,7 +332,9 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
                 for tp, f in offsets.items()}
     all_beats = _heartbeats(target, names.leader_topic, list(range(count)), ends)
     beats = _newest(all_beats)
-    deployments = _ledger_members(target, list(groups), history)
+    history = _read_ledger(target, list(groups), history)
+    deployments = _ledger_members(history)
+    unstopped = unstopped_notes(history)
     broker = broker_config(admin, target.connect_timeout) or {}
     wall = time.time() if now is None else now
 
@@ -347,6 +380,7 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
                             f"(within {lease:g} s) was seen: the holder is starting or fenced")
         if not st.members:
             st.notes.append("no members: no deployment is leading or waiting for this role")
+        st.notes += unstopped.get(role, [])
         if protocol == "consumer":
             st.session_timeout_ms, st.heartbeat_interval_ms, st.session_source = _group_session(
                 admin, target, group, broker)
@@ -384,6 +418,8 @@ def entry_data(entry: HistoryEntry) -> dict[str, Any]:
             "attempt": record.attempt, "at": iso_time(record.at),
             "handoff_deadline": iso_time(record.handoff_deadline) or None,
             "reason": record.reason,
+            # a remote application the failed try could not confirm stopped
+            "unstopped": record.unstopped or None,
         })
     elif entry.error is not None:
         data["error"] = entry.error
@@ -435,7 +471,8 @@ def collect_overview(target: ClusterSettings, deployment: str, roles: Sequence[s
     extra = sorted({role for role, _ in latest} - known) if not roles else []
     statuses += [RoleStatus(role=r, group=target.names.group_id(r), state="empty", protocol="-",
                             partition=None, notes=["no consumer group: no deployment is "
-                                                   "leading or waiting for this role"])
+                                                   "leading or waiting for this role",
+                                                   *unstopped_notes(history).get(r, [])])
                  for r in extra]
     overviews = []
     for st in statuses:

@@ -5,8 +5,9 @@ Airflow initialises its metrics backend in every task process from the ``[metric
 to it, so NELI's numbers land wherever the deployment already sends ``ti.finish`` and
 ``task.duration``. Names: ``neli.<event>`` (``neli.claim``, ``neli.skip``, ``neli.takeover``,
 ``neli.fence``, ``neli.leader_acquired``, ``neli.leader_lost``, ``neli.wait``,
-``neli.give_up``) and the timer ``neli.time_to_lead``; tags ``role``, ``deployment`` and
-``outcome`` (where the backend takes tags). With metrics off in ``[metrics]``, nothing is sent.
+``neli.give_up``, ``neli.spark_unconfirmed_kill``) and the timer ``neli.time_to_lead``; tags
+``role``, ``deployment`` and ``outcome`` (where the backend takes tags). With metrics off in
+``[metrics]``, nothing is sent.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from neli_orchestrate.cli._output import emit, fail, json_option, progress, stde
 from neli_orchestrate.errors import KafkaUnavailableError, NeliError
 from neli_orchestrate.ledger import RunState
 from neli_orchestrate.ledger.history import LedgerHistory, read_history
-from neli_orchestrate.observe import entry_data
+from neli_orchestrate.observe import entry_data, unstopped_note
 from neli_orchestrate.settings import NeliSettings, parse
 
 __all__ = ["ledger"]
@@ -32,9 +32,14 @@ def _read(target: Target, roles: list[str] | None) -> LedgerHistory:
 _entry_json = entry_data
 
 
-def _warn_about(history: LedgerHistory, as_json: bool) -> list[str]:
-    """Problems a reader must know about: unreadable records, tokens that would go backwards."""
+def _warn_about(history: LedgerHistory, as_json: bool, run_key: str | None = None) -> list[str]:
+    """Problems a reader must know about: unreadable records, tokens that would go backwards,
+    remote applications a failed try could not confirm stopped (of ``run_key`` if given)."""
     warnings = []
+    for entry in history.entries:
+        note = unstopped_note(entry)
+        if note is not None and run_key in (None, entry.run_key):
+            warnings.append(note)
     for entry in history.malformed():
         warnings.append(
             f"unreadable record at {history.topic}[{entry.partition}]@{entry.offset} "
@@ -108,7 +113,7 @@ def show(target: Target, role: str, run_key: str, as_json: bool) -> int:
     """The latest record of one run key (exit 1 if the ledger has none)."""
     history = _read(target, [role])
     entry = history.latest().get((role, run_key))
-    warnings = _warn_about(history, as_json)
+    warnings = _warn_about(history, as_json, run_key)
     if entry is None:
         if as_json:
             emit({"role": role, "run_key": run_key, "record": None, "warnings": warnings})
@@ -133,7 +138,7 @@ def history(target: Target, role: str, run_key: str, as_json: bool) -> int:
     """Every record of one run key still in the topic: token, deployment, times, reason."""
     read = _read(target, [role])
     entries = [e for e in read.entries if e.role == role and e.run_key == run_key]
-    warnings = _warn_about(read, as_json)
+    warnings = _warn_about(read, as_json, run_key)
     if as_json:
         emit({"role": role, "run_key": run_key, "ledger_topic": read.topic,
               "records": [_entry_json(e) for e in entries], "warnings": warnings})

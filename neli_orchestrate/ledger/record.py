@@ -107,6 +107,10 @@ class LedgerRecord:
     at: float
     reason: str = ""
     handoff_deadline: float | None = None
+    #: ``FAILED`` only: a remote application this claim started that the failed try could not
+    #: confirm stopped (e.g. ``standalone application driver-… on spark://…``): it may still
+    #: be running. Empty otherwise; written only when set (v1 readers ignore it).
+    unstopped: str = ""
 
     def __post_init__(self) -> None:
         # One combined test for the common, valid case keeps replays of large ledgers fast;
@@ -122,6 +126,7 @@ class LedgerRecord:
             and type(self.attempt) is int and self.attempt >= 1
             and type(self.at) in _NUMBERS and -_INF < self.at < _INF
             and type(self.reason) is str
+            and type(self.unstopped) is str
             and (
                 (deadline is None and self.state is not RunState.CLAIMED)
                 or (type(deadline) in _NUMBERS and -_INF < deadline < _INF)  # type: ignore[operator]
@@ -141,6 +146,7 @@ class LedgerRecord:
         _check_count("attempt", self.attempt, 1)
         _check_time("at", self.at)
         _check_text("reason", self.reason, empty_ok=True)
+        _check_text("unstopped", self.unstopped, empty_ok=True)
         if self.handoff_deadline is not None:
             _check_time("handoff_deadline", self.handoff_deadline)
         elif self.state is RunState.CLAIMED:
@@ -171,6 +177,8 @@ class LedgerRecord:
             text += f", claim live until {format_epoch(self.handoff_deadline)}"
         if self.reason:
             text += f" (reason: {self.reason})"
+        if self.unstopped:
+            text += f"; {self.unstopped} may still be running"
         return text
 
     def encode(self) -> bytes:
@@ -188,6 +196,8 @@ class LedgerRecord:
             "at": self.at,
             "handoff_deadline": self.handoff_deadline,
         }
+        if self.unstopped:
+            value["unstopped"] = self.unstopped
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     @classmethod
@@ -215,12 +225,16 @@ class LedgerRecord:
         member: str | None = None,
         reason: str = "",
         handoff_deadline: float | None = None,
+        unstopped: str = "",
     ) -> LedgerRecord:
         """The next record of the same claim (same token, attempt and deployment).
 
         Legal moves: ``CLAIMED -> RUNNING | FAILED`` and ``RUNNING -> COMPLETED | FAILED``.
         ``member`` is who writes it (the executor in split form); defaults to the claimant.
+        ``unstopped`` (``FAILED`` only): what the try started and could not confirm stopped.
         """
+        if unstopped and state is not RunState.FAILED:
+            raise ValueError(f"only a FAILED record names an unstopped application, not {state}")
         if state not in _TRANSITIONS[self.state]:
             raise ValueError(
                 f"a {self.state} record of {self.role}/{self.run_key} cannot move to {state}"
@@ -232,6 +246,7 @@ class LedgerRecord:
             member=self.member if member is None else member,
             reason=reason,
             handoff_deadline=handoff_deadline,
+            unstopped=unstopped,
         )
 
 
@@ -304,6 +319,7 @@ def _parse(value: bytes | str, expect: tuple[str, str] | None) -> LedgerRecord:
             data["at"],
             data.get("reason", ""),
             data.get("handoff_deadline"),
+            data.get("unstopped", ""),
         )
     except KeyError:
         missing = [name for name in _FIELDS if name not in data]

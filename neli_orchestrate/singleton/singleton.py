@@ -54,6 +54,7 @@ from neli_orchestrate.errors import (
     ConfigError,
     FencedError,
     SkippedRun,
+    WorkNotStopped,
     WorkSkipped,
 )
 from neli_orchestrate.ledger import (
@@ -510,8 +511,9 @@ class Singleton:
                     raise
                 run.check()  # fenced: the work failed because it was stopped; record nothing
                 reason = f"{type(exc).__name__}: {exc}"[:2000]
+                unstopped = exc.application if isinstance(exc, WorkNotStopped) else ""
                 self._write_end(writer, run, record.advance(RunState.FAILED, at=self._wall(),
-                                                            reason=reason))
+                                                            reason=reason, unstopped=unstopped))
                 raise
             run.check()
             self._write_end(writer, run, record.advance(RunState.COMPLETED, at=self._wall()))

@@ -506,3 +506,55 @@ def test_the_docs_say_what_a_fence_raises() -> None:
     assert "without retries" not in fenced_task
     assert "a fence fails this try, not the run" in fenced_task
     assert "*final* fence" in fenced_task and "`AirflowFailException`" in fenced_task
+
+
+def test_a_timeout_whose_driver_kill_is_unconfirmed_fails_naming_the_driver(
+    fake, monkeypatch
+) -> None:
+    # Cluster mode, the master unreachable: Airflow's execution_timeout fires mid-job, the kill
+    # cannot be confirmed. The try fails with WorkNotStopped naming the driver, which the
+    # singleton writes into FAILED's `unstopped` (tests/cli/test_cli_ledger.py), and counts
+    # neli.spark_unconfirmed_kill.
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+
+    from neli_orchestrate.airflow import metrics as airflow_metrics
+    from neli_orchestrate.errors import WorkNotStopped
+    from neli_orchestrate.metrics import Metric
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CLUSTER",
+        '{"conn_type": "spark", "host": "spark://127.0.0.1:7077", '
+        '"extra": {"deploy-mode": "cluster"}}',
+    )
+    monkeypatch.setenv("NELI_SPARK_KILL_CONFIRM_TIMEOUT", "0.3")
+    driver = "driver-20130107000000-0001"
+
+    def submit_job(self: Any, ctx: Any) -> str:
+        self._hook = self._get_hook()
+        self._hook._driver_id = driver  # what the provider parses from spark-submit
+        return driver
+
+    def poll(self: Any, external_id: str, ctx: Any) -> None:
+        raise AirflowTaskTimeout("Timeout, PID: 1")
+
+    def unreachable(self: Any, external_id: str, ctx: Any) -> str:
+        raise ConnectionRefusedError("the master's REST port is unreachable")
+
+    monkeypatch.setattr(SparkSubmitOperator, "submit_job", submit_job)
+    monkeypatch.setattr(SparkSubmitOperator, "poll_until_complete", poll)
+    monkeypatch.setattr(SparkSubmitOperator, "get_job_status", unreachable)
+    monkeypatch.setattr(SparkSubmitOperator, "on_kill", lambda self: None)  # its curl fails too
+    sent: list[Any] = []
+    monkeypatch.setattr(airflow_metrics, "to_airflow_stats", sent.append)
+    task = dag_with(lambda: SparkSubmitOperator(task_id="job", application="job.py",
+                                                conn_id="spark_cluster"))
+    fence_downstream(task.dag)
+    context = context_for(task, claim(5))
+    context["ti"].task = task
+    with pytest.raises(WorkNotStopped) as raised:
+        task.execute(context)
+    assert raised.value.application == f"standalone application {driver} on spark://127.0.0.1:7077"
+    assert isinstance(raised.value, AirflowException)  # retryable, as any failed try
+    assert "AirflowTaskTimeout" in str(raised.value) and "may still be running" in str(raised.value)
+    assert [(e.name, e.role, e.run_key) for e in sent] == [
+        (Metric.SPARK_UNCONFIRMED_KILL, ROLE, RUN_KEY)]

@@ -171,3 +171,34 @@ def test_reset_writes_an_audited_reset_with_a_larger_token(kafka_broker) -> None
                 "--json")
     assert plain.code == 0, plain.stderr
     assert plain.json()["deployment"].startswith("cli@")
+
+
+def test_an_application_a_failed_try_could_not_stop_shows_in_ledger_and_status(
+        kafka_broker) -> None:
+    # What a fenced Spark task records when it could not confirm its cluster-mode driver stopped
+    # (tests/spark/test_spark_cluster.py runs it on a real cluster).
+    from neli_orchestrate.errors import WorkNotStopped
+
+    namespace = new_namespace()
+    app = "standalone application driver-20130101000000-0007 on spark://10.0.0.5:6066"
+    with singleton(kafka_broker, namespace, "us-east-1") as east:
+        with pytest.raises(WorkNotStopped), east.claim("cluster", "2013-01-01"):
+            raise WorkNotStopped("AirflowTaskTimeout: timed out; could not confirm",
+                                 application=app)
+        with east.claim("cluster", "2013-01-02") as run:
+            assert run.should_run
+    args = _args(kafka_broker, namespace)
+    shown = cli("ledger", "show", *args, "cluster", "2013-01-01", "--json")
+    assert shown.code == 0, shown.stderr
+    data = shown.json()
+    assert data["state"] == "FAILED" and data["unstopped"] == app
+    assert [w for w in data["warnings"] if f"{app} may still be running" in w]
+    assert cli("ledger", "show", *args, "cluster", "2013-01-02", "--json").json()["unstopped"] \
+        is None
+    listed = cli("ledger", "list", *args)
+    assert listed.code == 0 and f"run '2013-01-01': {app} may still be running" in \
+        " ".join(listed.stderr.split()), listed.stderr
+    status = cli("status", *args, "--role", "cluster", "--json")
+    assert status.code == 0, status.stderr
+    (role,) = status.json()["roles"]
+    assert [n for n in role["notes"] if f"{app} may still be running" in n], role["notes"]

@@ -65,6 +65,23 @@ def test_value_is_the_documented_json_object() -> None:
     }
 
 
+APP = "standalone application driver-20130105000000-0000 on spark://10.0.0.5:6066"
+
+
+def test_a_failed_record_names_an_application_that_may_still_run() -> None:
+    running = record(RunState.RUNNING)
+    failed = running.advance(RunState.FAILED, at=NOW + 1, reason="timeout", unstopped=APP)
+    data = json.loads(failed.encode())
+    assert data["unstopped"] == APP  # an additive field: v1 readers ignore it
+    assert data["v"] == 1
+    assert LedgerRecord.decode(failed.encode(), key=failed.key) == failed
+    assert failed.describe().endswith(f"; {APP} may still be running")
+    # written only when set: every other record keeps the documented object
+    assert "unstopped" not in json.loads(running.encode())
+    with pytest.raises(ValueError, match="only a FAILED record"):
+        running.advance(RunState.COMPLETED, at=NOW + 1, unstopped=APP)
+
+
 @pytest.mark.parametrize(
     ("role", "run_key"),
     [

@@ -13,7 +13,13 @@ what matters is where the driver runs and when it ends).
   kills the driver on the cluster: the master shows it KILLED, the try fails as fenced and its
   log shows the kill confirmed by the master.
 - The same fence while the master's REST server is unreachable from the task: the try fails
-  naming the driver as possibly still running (and the master shows it still RUNNING).
+  naming the driver as possibly still running (and the master shows it still RUNNING), and
+  Airflow's metrics count it (``neli.spark_unconfirmed_kill``).
+- The PySpark nycflights job (dags/nycflights_daily.py itself) with ``--master spark://…`` in
+  client mode: executors on the worker, the master lists the application FINISHED, COMPLETED
+  recorded under the token of the published output, after it was published.
+- Reset + clear of a completed date (same DAG run, so the resumable job's stored driver id is
+  still there): a new driver under the new, larger token, COMPLETED under that token.
 """
 
 from __future__ import annotations
@@ -267,6 +273,55 @@ class CuttableProxy:
         self.server.close()
 
 
+class Statsd:
+    """A StatsD server on loopback UDP: every line Airflow's ``Stats`` sent (a reader thread,
+    so a burst of datagrams never overflows the socket's buffer)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.lines: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.lines += self.sock.recv(65535).decode(errors="replace").splitlines()
+            except TimeoutError:
+                continue
+
+    def env(self) -> dict[str, str]:
+        return {"AIRFLOW__METRICS__STATSD_ON": "True",
+                "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.sock.getsockname()[1]),
+                "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"}
+
+    def count(self, name: str, deadline: float = 10.0) -> int:
+        """The counter ``name``'s total, once it was seen (or after ``deadline`` seconds)."""
+        end = time.monotonic() + deadline
+        while True:
+            total = sum(int(line.split(":", 1)[1].split("|", 1)[0]) for line in list(self.lines)
+                        if line.split(":", 1)[0] == name and line.endswith("|c"))
+            if total or time.monotonic() > end:
+                return total
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def statsd() -> Iterator[Statsd]:
+    receiver = Statsd()
+    yield receiver
+    receiver.close()
+
+
 @pytest.fixture
 def rest_proxy(spark_cluster: Any) -> Iterator[CuttableProxy]:
     proxy = CuttableProxy(spark_cluster.rest_port)
@@ -276,14 +331,14 @@ def rest_proxy(spark_cluster: Any) -> Iterator[CuttableProxy]:
 
 def test_a_fence_that_cannot_reach_the_master_says_the_driver_may_still_run(
     tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path,
-    rest_proxy: CuttableProxy
+    rest_proxy: CuttableProxy, statsd: Statsd
 ) -> None:
     out = tmp_path / "out"
     proc = start_dag(
         tmp_path, dag_source("cluster_cut", driver_jar, out, 600), "cluster_cut",
         connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
                      "spark_cluster": spark_connection(rest_proxy.port)},
-        env={**spark_env(), "NELI_SPARK_KILL_CONFIRM_TIMEOUT": "5"})
+        env={**spark_env(), **statsd.env(), "NELI_SPARK_KILL_CONFIRM_TIMEOUT": "5"})
     log = tmp_path / "dags_test.log"
     driver = None
     try:
@@ -300,6 +355,9 @@ def test_a_fence_that_cannot_reach_the_master_says_the_driver_may_still_run(
         assert "may still be running" in output
         # the report is true: the driver still runs on the cluster
         assert spark_cluster.driver_state(driver) == "RUNNING"
+        # and it is counted where the deployment's metrics go: the fenced member can no longer
+        # write the ledger (the successor's transactional producer fenced it)
+        assert statsd.count("airflow.neli.spark_unconfirmed_kill") == 1, statsd.lines[-40:]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -353,3 +411,99 @@ def test_an_execution_timeout_kills_the_driver_before_failed_is_recorded(
     # Whenever FAILED was written, the master already showed the driver killed.
     assert all(n["drivers"][driver] == "KILLED" for n in failed), failed
     assert not list(out.glob("*.finished"))
+
+
+def airflow(environ: dict[str, str], *args: str, timeout: float = 300) -> str:
+    """Run ``airflow ARGS`` in the home ``environ`` names; its output (fails the test on error)."""
+    from neli_orchestrate.demo.regions import AIRFLOW
+
+    result = subprocess.run([AIRFLOW, *args], env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert result.returncode == 0, failure(result.stdout) or result.stdout[-5000:]
+    return result.stdout
+
+
+def test_reset_and_clear_of_a_completed_date_submits_a_new_application_with_the_new_token(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path
+) -> None:
+    # What docs/airflow.md tells users to do to run a completed date again: reset the run key
+    # (neli-orchestrate ledger reset), then clear the gate and the task in the same DAG run. The
+    # stock SparkSubmitOperator is a resumable job that keeps its driver id in the DAG run's
+    # task_state_store across a clear; the new claim must not resume it (nor return at once for
+    # the old, FINISHED driver) but submit a new driver that carries the new token.
+    from dagtest_runner import dag_command
+
+    dag_id = "cluster_reset"
+    out = tmp_path / "out"
+    cmd, environ = dag_command(
+        tmp_path, dag_source(dag_id, driver_jar, out, 1), dag_id,
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_cluster": spark_connection(spark_cluster.rest_port)},
+        env=spark_env())
+    first = airflow(environ, *cmd[1:])
+    (first_driver,) = driver_ids(first)
+    run_key = RUN_KEY.format(dag_id=dag_id)
+    with singleton(neli_connection(kafka_broker, namespace, "us-east-1")) as s:
+        done = s.status(dag_id, run_key)
+    assert done is not None and done.state is RunState.COMPLETED, done
+    assert (out / f"{done.token}.finished").exists()
+
+    reset = subprocess.run(
+        [sys.executable, "-m", "neli_orchestrate.cli", "ledger", "reset", dag_id, run_key,
+         "-b", kafka_broker, "-n", namespace, "--profile", "fast", "--deployment", "us-east-1",
+         "--reason", "test: run the date again", "--json"],
+        capture_output=True, text=True, timeout=120)
+    assert reset.returncode == 0, reset.stderr
+    assert json.loads(reset.stdout)["token"] > done.token
+    airflow(environ, "tasks", "clear", "--yes", "--task-regex", "^(gate|job)$", dag_id)
+    airflow(environ, "tasks", "test", dag_id, "gate", "2013-01-01")
+    second = airflow(environ, "tasks", "test", dag_id, "job", "2013-01-01")
+
+    with singleton(neli_connection(kafka_broker, namespace, "us-east-1")) as s:
+        again = s.status(dag_id, run_key)
+    assert again is not None and again.state is RunState.COMPLETED, again
+    assert again.token > json.loads(reset.stdout)["token"] > done.token
+    (second_driver,) = driver_ids(second)
+    assert second_driver != first_driver  # a new application, not the resumed old one
+    assert spark_cluster.driver_state(second_driver) == "FINISHED"
+    # the new driver ran under the new claim's token (spark.neli.token), and finished
+    assert (out / f"{again.token}.finished").exists(), sorted(p.name for p in out.iterdir())
+
+
+NYCFLIGHTS_DAG = Path(__file__).resolve().parents[2] / "dags" / "nycflights_daily.py"
+
+
+def test_the_pyspark_nycflights_job_runs_on_the_cluster_in_client_mode_behind_the_gate(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str
+) -> None:
+    # The example DAG itself (dags/nycflights_daily.py: deferrable gate, stock
+    # SparkSubmitOperator) with spark_default = the cluster's master: the driver runs in the
+    # task's spark-submit, the executors on the worker.
+    from neli_orchestrate.spark import MARKER_NAME, TokenCommitGuard
+
+    out = tmp_path / "nycflights"
+    (tmp_path / "dags").mkdir()
+    (tmp_path / "dags" / "jobs").symlink_to(NYCFLIGHTS_DAG.parent / "jobs")
+    result = run_dag(
+        tmp_path, NYCFLIGHTS_DAG.read_text(), "nycflights_daily",
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_default": {"conn_type": "spark", "host": spark_cluster.master_url}},
+        env={**spark_env(), "AIRFLOW_VAR_NYCFLIGHTS_OUTPUT": str(out)}, timeout=600)
+    assert result.returncode == 0, failure(result.output)
+    with singleton(neli_connection(kafka_broker, namespace, "us-east-1")) as s:
+        record = s.status("nycflights_daily/2013-01-01",
+                          RUN_KEY.format(dag_id="nycflights_daily"))
+    assert record is not None and record.state is RunState.COMPLETED, record
+    marker = TokenCommitGuard(out, partition_column="date").committed("2013-01-01")
+    assert marker is not None and marker.token == record.token
+    published = Path(marker.path)
+    assert list(published.glob("*.parquet"))
+    # COMPLETED was recorded after the output was published (marker written, then renamed in)
+    assert record.at > max((published / MARKER_NAME).stat().st_mtime, published.stat().st_ctime)
+    # the application ran on the cluster: the master lists it finished, with executors there
+    apps = [a for a in spark_cluster.state().get("completedapps", [])
+            if a.get("name") == "nycflights_daily 2013-01-01"]  # the job's appName
+    assert [a["state"] for a in apps] == ["FINISHED"], spark_cluster.state()
+    # ... and its executors ran on the worker (their directory in the worker's work dir)
+    assert list((spark_cluster.workdir / "work" / apps[0]["id"]).glob("*/stderr"))
+    assert "nycflights 2013-01-01" in result.output  # the report task read the output back

@@ -72,7 +72,13 @@ from neli_orchestrate.airflow.claims import (
     reset_command,
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.errors import ConfigError, FencedError, SkippedRun, WorkSkipped
+from neli_orchestrate.errors import (
+    ConfigError,
+    FencedError,
+    SkippedRun,
+    WorkNotStopped,
+    WorkSkipped,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -100,6 +106,18 @@ def kill_confirm_timeout() -> float:
 
 #: Class attribute that marks LeaderGateOperator (found without importing it: no circle).
 GATE_MARKER = "neli_gate"
+
+
+class ApplicationMayStillRun(WorkNotStopped, AirflowException):
+    """The try failed and its remote Spark application could not be confirmed stopped.
+
+    Retryable like any failure; the singleton records ``FAILED`` with the application in the
+    record's ``unstopped`` field.
+    """
+
+    def serialize(self) -> tuple[str, tuple[str, ...], dict[str, str]]:
+        cls = type(self)
+        return f"{cls.__module__}.{cls.__name__}", (str(self),), {"application": self.application}
 
 
 class UnfenceableTaskError(ValueError):
@@ -289,6 +307,8 @@ class _FencedExecution:
         self.previous_term: Any = None
         #: Set when a remote Spark application could not be confirmed stopped.
         self.not_stopped: str | None = None
+        #: The application that could not be confirmed stopped (``RemoteApplication`` text).
+        self.unstopped: str | None = None
 
     def run(self, singleton: Any) -> Any:
         claim = self.claim
@@ -356,8 +376,11 @@ class _FencedExecution:
                 self.in_work = False
                 self._stop_work(f"{type(exc).__name__}: {exc}")
                 if self.not_stopped and not isinstance(exc, TaskDeferred):
-                    raise AirflowException(f"{type(exc).__name__}: {exc}; {self.not_stopped}") \
-                        from exc
+                    # FAILED names the application (the ledger's ``unstopped``): the CLI and
+                    # the UI show it as possibly still running.
+                    raise ApplicationMayStillRun(
+                        f"{type(exc).__name__}: {exc}; {self.not_stopped}",
+                        application=self.unstopped or "") from exc
             if isinstance(exc, TaskDeferred):
                 raise AirflowFailException(
                     f"{task.task_id} tried to defer while running under a claim; a fenced task "
@@ -402,9 +425,22 @@ class _FencedExecution:
                                     deadline=kill_confirm_timeout())
         except ApplicationNotStopped as exc:
             self.not_stopped = str(exc)
+            self.unstopped = str(exc.application)
             self.task.log.error("%s", exc)
+            self._count_unconfirmed_kill()
         else:
             self.task.log.info("%s stopped: the cluster manager reports %s", application, state)
+
+    def _count_unconfirmed_kill(self) -> None:
+        """``neli.spark_unconfirmed_kill`` in Airflow's metrics: the one report that also
+        leaves a fenced member (which can no longer write the ledger)."""
+        from neli_orchestrate.airflow.metrics import to_airflow_stats
+        from neli_orchestrate.metrics import Metric, MetricEvent, emit
+
+        claim = self.claim
+        emit(to_airflow_stats, MetricEvent(
+            name=Metric.SPARK_UNCONFIRMED_KILL, role=claim.role or "",
+            deployment=claim.deployment or "", run_key=claim.run_key))
 
     # -- the fence: watchdog thread -> SIGUSR1 -> main thread --------------------------------
 
