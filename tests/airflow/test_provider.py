@@ -130,7 +130,12 @@ def test_plugin_entry_point_is_declared_and_loads_the_page_and_the_link() -> Non
 
     from airflow.plugins_manager import AirflowPlugin, is_valid_plugin
 
-    from neli_orchestrate.airflow.plugins.leadership import NeliPlugin, NeliRunLink, app
+    from neli_orchestrate.airflow.plugins.leadership import (
+        NeliPlugin,
+        NeliRanInLink,
+        NeliRunLink,
+        app,
+    )
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     (target,) = project["entry-points"]["airflow.plugins"].values()
@@ -138,7 +143,8 @@ def test_plugin_entry_point_is_declared_and_loads_the_page_and_the_link() -> Non
     plugin = getattr(importlib.import_module(module), name)
     assert plugin is NeliPlugin and issubclass(plugin, AirflowPlugin) and is_valid_plugin(plugin)
     assert plugin.fastapi_apps == [{"app": app, "url_prefix": "/neli", "name": "NELI leadership"}]
-    assert [type(link) for link in plugin.global_operator_extra_links] == [NeliRunLink]
+    assert [type(link) for link in plugin.global_operator_extra_links] == [NeliRunLink,
+                                                                        NeliRanInLink]
     # the provider's "plugins" list would load it a second time (with lazy discovery off)
     assert "plugins" not in get_provider_info()
 
@@ -164,7 +170,7 @@ def test_run_link_points_gate_and_fenced_child_at_the_run_and_nothing_else(
         task.dag = dag
     key = SimpleNamespace(dag_id="d", run_id="r1", map_index=-1)
     link = leadership.NeliRunLink()
-    expected = "/neli/?role=daily&run_key=d%2F2013-01-05+x&conn_id=neli_eu#run"
+    expected = "/neli/?role=daily&run_key=d%2F2013-01-05+x&conn_id=neli_eu&dag_id=d#run"
     assert link.get_link(gate, ti_key=key) == expected
     assert link.get_link(job, ti_key=key) == expected
     assert link.get_link(after, ti_key=key) == ""
