@@ -31,6 +31,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from neli_orchestrate.airflow import liveness as _liveness_listener
+from neli_orchestrate.airflow.plugins.alias_links import ProxyAliasLinks
 from neli_orchestrate.errors import ConfigError, NeliError
 from neli_orchestrate.observe import (
     LEDGER_ROWS,
@@ -494,5 +495,9 @@ class NeliPlugin(AirflowPlugin):
         "category": "browse",
     }]
     global_operator_extra_links = [NeliRunLink(), NeliRanInLink()]
+    # Links a gate's proxy alias to its assets before Airflow registers its first events by
+    # proxy, so two gates emitting them at once do not race (plugins/alias_links.py).
+    fastapi_root_middlewares = [{"middleware": ProxyAliasLinks, "args": [], "kwargs": {},
+                                 "name": "NELI proxy alias links"}]
     # The scheduler announces the deployment's liveness in Kafka (neli_orchestrate.liveness).
     listeners = [_liveness_listener]
