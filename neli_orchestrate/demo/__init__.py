@@ -12,8 +12,8 @@ date mid-job, and waits while the other region takes that date over. The job wri
 table (``--sink delta``, the default; ``--sink directory`` for the directory guard) on
 ``local[*]`` or, with ``--spark-master local-cluster|spark://H:P``, on a standalone cluster.
 Then it prints a table (date → region that ran it, the ledger's token, the Delta version and
-the token that committed it from the table's own history, where skipped, takeovers), a
-summary line with the
+the token that committed it from the table's own history, each region's asset event of the
+date, its own or by proxy, where skipped, takeovers), a summary line with the
 duplicate and lost counts, writes ``neli-demo-timeline.png`` and ``neli-demo-report.json``
 into the working directory and prints the regions' UI URLs; ``--keep`` leaves them running
 until Ctrl-C. Exit status 0 only when duplicates = 0 and lost = 0.
