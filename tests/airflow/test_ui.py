@@ -393,7 +393,15 @@ def test_a_skipped_run_says_where_it_ran_with_the_token_and_a_link_to_that_regio
     headers = {k.lower(): v for k, v in headers.items()}
     assert headers["location"] == (
         f"/dags/{DAG_ID}/runs/{quote(ui.run_id, safe='')}/tasks/job"), headers
-    # a token this region never claimed under: its ledger view of the run key instead
+    # a newer token of that run key than its gate's (a retry of the task re-claimed it): the
+    # same run
+    query = urlencode({"role": DAG_ROLE, "run_key": own_key, "token": own.token + 100,
+                       "dag_id": DAG_ID})
+    status, headers, _ = ui.get(f"/neli/ran?{query}", token=token)
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert (status, headers["location"]) == (
+        303, f"/dags/{DAG_ID}/runs/{quote(ui.run_id, safe='')}"), headers
+    # a run key no gate of this region claimed: its ledger view of the run key instead
     query = urlencode({"role": DAG_ROLE, "run_key": run_key, "token": done.token})
     status, headers, _ = ui.get(f"/neli/ran?{query}", token=token)
     headers = {k.lower(): v for k, v in headers.items()}

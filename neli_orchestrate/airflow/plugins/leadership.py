@@ -218,7 +218,8 @@ def find_claimed_run(role: str, run_key: str, token: int,
                      dag_id: str | None = None) -> tuple[str, str] | None:
     """(dag_id, run_id) of this deployment's DAG run whose gate claimed ``run_key`` of ``role``
     under ``token`` (the gate's ``return_value`` XCom), searching the latest
-    :data:`CLAIM_SCAN` such XComs; None when there is none."""
+    :data:`CLAIM_SCAN` such XComs; else the latest whose gate claimed that run key under
+    another token (the fenced task's retry re-claimed it); None when there is none."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -230,12 +231,17 @@ def find_claimed_run(role: str, run_key: str, token: int,
     query = query.order_by(XComModel.timestamp.desc()).limit(CLAIM_SCAN)
     with create_session() as session:
         rows = list(session.execute(query))
+    same_key: tuple[str, str] | None = None
     for found_dag, run_id, raw in rows:
         value = _decoded(raw)
-        if (isinstance(value, dict) and value.get("run_key") == run_key
-                and value.get("role") == role and value.get("token") == token):
+        if (not isinstance(value, dict) or value.get("run_key") != run_key
+                or value.get("role") != role):
+            continue
+        if value.get("token") == token:
             return str(found_dag), str(run_id)
-    return None
+        # a retry of the fenced task that re-claimed the run holds a newer token than its gate
+        same_key = same_key or (str(found_dag), str(run_id))
+    return same_key
 
 
 # -- auth: Airflow's own ----------------------------------------------------------------------
