@@ -202,6 +202,32 @@ class NeliSettings(ClusterSettings):
         description="Attempts per run key, in all deployments, before it fails for good "
         "(None: no limit).",
     )
+    region_urls: dict[str, str] = Field(
+        default_factory=dict,
+        title="Region UI URLs",
+        description="Optional UI base URL of each deployment, e.g. {'us-east-1': "
+        "'https://airflow.us-east-1.example.com'}: where a run another deployment completed is "
+        "linked to that deployment's run (Airflow extra link and NELI page, Dagster "
+        "materialization by proxy). Unknown deployments get no link.",
+    )
+
+    @field_validator("region_urls", mode="before")
+    @classmethod
+    def _urls_object(cls, value: Any) -> Any:
+        # a connection form or an environment variable gives the JSON object as text
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("must be a JSON object of deployment id -> URL") from None
+        return value
+
+    @field_validator("region_urls")
+    @classmethod
+    def _bare_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        return {deployment: url.rstrip("/") for deployment, url in value.items() if url}
 
     @field_validator("profile")
     @classmethod

@@ -90,7 +90,8 @@ SAMPLES = {"deployment": "eu-1", "namespace": "acme2", "ledger_topic": "acme2.ru
            "kafka_config": {"client.rack": "az2"}, "connect_timeout": 3.5,
            "profile": "fast", "group_protocol": "classic", "session_timeout": 4.0,
            "heartbeat_timeout": 1.0, "handoff_timeout": 99.0, "acquire_timeout": 7.0,
-           "max_attempts": 4, "liveness_timeout": 12.0}
+           "max_attempts": 4, "liveness_timeout": 12.0,
+           "region_urls": {"eu-1": "https://airflow.eu-1.example", "us-1": "http://u:8080"}}
 
 
 def test_the_hook_reads_every_form_field_into_the_settings() -> None:

@@ -37,6 +37,32 @@ IDENTITY_KEYS = ("deployment", "role", "run_key", "token")
 PROXY_ALIAS_PREFIX = "neli-proxy/"
 
 
+#: Path (below a region's UI base URL) of the NELI page's redirect to the DAG run that ran a
+#: run key with a token (``neli_orchestrate.airflow.plugins.leadership``).
+RAN_PATH = "/neli/ran"
+
+
+def ran_url(
+    base: str,
+    *,
+    role: str,
+    run_key: str,
+    token: int,
+    dag_id: str | None = None,
+    task_id: str | None = None,
+) -> str:
+    """The address, in the region whose UI is at ``base``, that opens the DAG run (the task
+    ``task_id`` of it when given) whose gate claimed ``run_key`` under ``token``."""
+    from urllib.parse import urlencode
+
+    query: dict[str, Any] = {"role": role, "run_key": run_key, "token": int(token)}
+    if dag_id:
+        query["dag_id"] = dag_id
+    if task_id:
+        query["task_id"] = task_id
+    return f"{base.rstrip('/')}{RAN_PATH}?{urlencode(query)}"
+
+
 def proxy_alias_name(dag_id: str, task_id: str) -> str:
     """The name of the AssetAlias through which a gate emits asset events by proxy."""
     return f"{PROXY_ALIAS_PREFIX}{dag_id}/{task_id}"
@@ -163,11 +189,13 @@ def run_key_after_assets(dag_id: str, events: Iterable[Any]) -> str | None:
 __all__ = [
     "EXTRA_KEY",
     "PROXY_ALIAS_PREFIX",
+    "RAN_PATH",
     "concrete_outlets",
     "identities",
     "identity",
     "proxy_alias_name",
     "proxy_identity",
+    "ran_url",
     "run_key_after_assets",
     "stamp_outlet_events",
 ]

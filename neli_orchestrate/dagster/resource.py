@@ -89,6 +89,7 @@ class NeliResource(dg.ConfigurableResource):
     heartbeat_timeout: float | None = settings.field("heartbeat_timeout")
     max_attempts: int | None = settings.field("max_attempts")
     liveness_timeout: float = settings.field("liveness_timeout")
+    region_urls: dict[str, str] = settings.field("region_urls")
     # Dagster's own: how a step waits while another deployment holds the run.
     wait_timeout: float = Field(
         default=300.0,
@@ -259,9 +260,31 @@ class NeliResource(dg.ConfigurableResource):
                 raise _give_up_failure(self.deployment, role, run_key, claim.record)
             if claim.outcome is not Outcome.WAIT:
                 stack.push(attempt.pop_all())
-                return NeliRun(claim, log=context.log, time_to_lead=self._clock() - began)
+                return NeliRun(claim, log=context.log, time_to_lead=self._clock() - began,
+                               run_url=self._ran_url(context, claim))
             attempt.close()  # leave the group at once: the holder may need it to finish
             self._wait_or_give_up(deadline, role, run_key, claim.reason, context)
+
+    def _ran_url(self, context: Any, claim: Any) -> str | None:
+        """Where the deployment that completed the run shows it: its asset catalog's events of
+        this asset partition (which link to its run), when ``region_urls`` knows its UI."""
+        from urllib.parse import quote, urlencode
+
+        record = claim.record
+        if claim.should_run or record is None:
+            return None
+        base = self.neli_settings().region_urls.get(record.deployment)
+        op_context = getattr(context, "op_execution_context", context)
+        if not base or not getattr(op_context, "has_assets_def", False):
+            return None
+        keys = list(op_context.assets_def.keys_by_output_name.values())
+        if len(keys) != 1:
+            return None
+        query = {"view": "events"}
+        if op_context.has_partition_key:
+            query["partition"] = op_context.partition_key
+        path = "/".join(quote(part, safe="") for part in keys[0].path)
+        return f"{base}/assets/{path}?{urlencode(query)}"
 
     def _wait_or_give_up(
         self,

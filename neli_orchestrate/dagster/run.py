@@ -68,8 +68,12 @@ class NeliRun:
         *,
         log: Any | None = None,
         time_to_lead: float | None = None,
+        run_url: str | None = None,
     ) -> None:
         self._run = run
+        #: Where the run completed elsewhere shows in that deployment's UI (its asset
+        #: partition's events), when the resource's ``region_urls`` knows it; else None.
+        self.run_url = None if run.should_run else run_url
         # Dagster's logger of the step (context.log): a fence must show in the run's event log.
         self._log = log
         #: Wall-clock time this deployment started the run (None where it does not run).
@@ -136,7 +140,8 @@ class NeliRun:
 
         ``deployment`` and ``token`` are the ones that computed the data (as in the runner's
         own materialization), ``completed_at`` when; ``recorded_by`` is this deployment and
-        ``neli_by_proxy`` is True.
+        ``neli_by_proxy`` is True; ``ran_in_url`` (a link) opens the partition's events in the
+        deployment that ran it, when the resource's ``region_urls`` knows its UI.
         """
         metadata: dict[str, Any] = {
             "neli_by_proxy": True,
@@ -150,6 +155,8 @@ class NeliRun:
             metadata["deployment"] = record.deployment
             metadata["token"] = record.token
             metadata["completed_at"] = dg.MetadataValue.timestamp(record.at)
+        if self.run_url:
+            metadata["ran_in_url"] = dg.MetadataValue.url(self.run_url)
         return metadata
 
     def materialize_by_proxy(self) -> dg.MaterializeResult:

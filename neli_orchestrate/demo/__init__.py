@@ -12,8 +12,8 @@ date mid-job, and waits while the other region takes that date over. The job wri
 table (``--sink delta``, the default; ``--sink directory`` for the directory guard) on
 ``local[*]`` or, with ``--spark-master local-cluster|spark://H:P``, on a standalone cluster.
 Then it prints a table (date → region that ran it, the ledger's token, the Delta version and
-the token that committed it from the table's own history, where skipped, takeovers), a
-summary line with the
+the token that committed it from the table's own history, each region's asset event of the
+date, its own or by proxy, where skipped, takeovers), a summary line with the
 duplicate and lost counts, writes ``neli-demo-timeline.png`` and ``neli-demo-report.json``
 into the working directory and prints the regions' UI URLs; ``--keep`` leaves them running
 until Ctrl-C. Exit status 0 only when duplicates = 0 and lost = 0.
@@ -120,8 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["regions"] = {r.name: r.api_url for r in world.regions or []}
         data["leadership"] = [vars(s) for s in world.observer.leadership]
         data["executions"] = [vars(s) for s in world.observer.executions]
+        asset_events = world.asset_events(list(DATES))
+        data["asset_events"] = asset_events
         (args.output_dir / "neli-demo-report.json").write_text(json.dumps(data, indent=2))
-        _print_result(console, world, report, png, time.monotonic() - began)
+        _print_result(console, world, report, png, time.monotonic() - began, asset_events)
         if args.keep:
             console.print("[bold]--keep:[/] the regions keep running; Ctrl-C stops them.")
             try:
@@ -214,7 +216,20 @@ def _status_table(world, runs, dates, killed):  # type: ignore[no-untyped-def]
     return table
 
 
-def _print_result(console, world, report, png: Path, wall: float) -> None:  # type: ignore[no-untyped-def]
+def _asset_cell(events: dict[str, dict[str, object] | None]) -> str:
+    """One date's asset event in each region: ``us-east-1 ran t6 · eu-west-1 proxy t6``."""
+    parts = []
+    for region, neli in events.items():
+        if neli is None:
+            parts.append(f"{region} [red]none[/]")
+        else:
+            kind = "proxy" if neli.get("proxy") else "ran"
+            parts.append(f"{region} {kind} t{neli.get('token')}")
+    return " · ".join(parts) or "-"
+
+
+def _print_result(console, world, report, png: Path, wall: float,  # type: ignore[no-untyped-def]
+                  asset_events=None) -> None:
     from rich.table import Table
 
     delta = world.settings.sink == "delta"
@@ -225,6 +240,8 @@ def _print_result(console, world, report, png: Path, wall: float) -> None:  # ty
         columns += ["Delta version", "Delta token", "Delta commits (v: token)"]
     else:
         columns += ["output token"]
+    # each region's asset event of the date (its own, or by proxy), from its REST API
+    columns += ["asset event (each region)"]
     for column in (*columns, "skipped in", "failed in (reason)", "takeovers"):
         table.add_column(column)
     for outcome in report.dates:
@@ -238,6 +255,7 @@ def _print_result(console, world, report, png: Path, wall: float) -> None:  # ty
                     ", ".join(f"{v}: {t}" for v, t in outcome.table_versions) or "-"]
         else:
             sink = [str(outcome.sink_token)]
+        sink.append(_asset_cell((asset_events or {}).get(outcome.date) or {}))
         table.add_row(outcome.date, outcome.ran_in or "[red]nobody[/]", str(outcome.token),
                       *sink, ", ".join(outcome.skipped_in) or "-", failed, takeover)
     console.print(table)

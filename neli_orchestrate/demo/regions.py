@@ -734,8 +734,13 @@ class AirflowRegions:
         regions: Sequence[RegionConfig],
         *,
         timeout: float = 240.0,
+        region_urls: bool = False,
     ) -> AirflowRegions:
-        """Copy ``dags`` (files or directories) into one DAGs folder and start every region."""
+        """Copy ``dags`` (files or directories) into one DAGs folder and start every region.
+
+        ``region_urls``: add every region's UI base URL to the extra ``region_urls`` of each
+        region's ``neli`` connections (entries the connection already has stay), as a user
+        lists the regions' UIs there."""
         root = Path(root)
         dags_folder = root / "dags"
         dags_folder.mkdir(parents=True, exist_ok=True)
@@ -749,6 +754,13 @@ class AirflowRegions:
             else:
                 shutil.copy2(source, target)
         group = cls([AirflowRegion(root, dags_folder, config) for config in regions])
+        if region_urls:
+            urls = {region.name: region.api_url for region in group.regions}
+            for region in group.regions:
+                region.config.connections = {
+                    conn_id: _with_region_urls(connection, urls)
+                    for conn_id, connection in region.config.connections.items()
+                }
         try:
             # Serialize the DAGs once: the serialized rows depend only on the DAG files, which
             # all regions share (same folder), so every region starts from a copy.
@@ -768,6 +780,15 @@ class AirflowRegions:
 
     def stop(self) -> None:
         _in_parallel([r.stop for r in self.regions])
+
+
+def _with_region_urls(connection: Mapping[str, Any], urls: Mapping[str, str]) -> dict[str, Any]:
+    """``connection`` (JSON form) with ``urls`` added to a ``neli`` connection's region_urls."""
+    if connection.get("conn_type") != "neli":
+        return dict(connection)
+    extra = dict(connection.get("extra") or {})
+    extra["region_urls"] = {**urls, **(extra.get("region_urls") or {})}
+    return {**connection, "extra": extra}
 
 
 def _in_parallel(calls: Sequence[Any]) -> None:

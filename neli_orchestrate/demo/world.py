@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 DAG_ID = "nycflights_daily"
 SPARK_TASK = "daily_performance"
 GATE_TASK = "claim_run"
+#: The Spark task's outlet (dags/nycflights_daily.py): an event in every region for every date
+ASSET = "nycflights_daily_performance"
 ROLE = "nycflights_daily/{date}"  # one role per date, as in dags/nycflights_daily.py
 
 
@@ -231,6 +233,7 @@ class World:
             [*sources, *self.settings.extra_dags],
             configs,
             timeout=self.settings.start_timeout,
+            region_urls=True,  # a skipped run links to the region that ran it
         )
         groups: dict[str, str] = {}
         self.observer = Observer(list(self.regions), self.bootstrap, groups)
@@ -381,6 +384,24 @@ class World:
                     if attempt == ti.get("try_number") and ti.get("end_date"):
                         at = datetime.fromisoformat(ti["end_date"]).timestamp()
                     found.append((name, date, at))
+        return found
+
+    def asset_events(self, dates: Sequence[str]) -> dict[str, dict[str, dict[str, Any] | None]]:
+        """date -> region -> the ``extra["neli"]`` of that region's asset event of the daily
+        asset for the date's run key (None when the region has none), read from each region's
+        REST API (``GET /api/v2/assets/events``), as its UI's asset page shows them."""
+        keys = {run_key_of(date): date for date in dates}
+        found: dict[str, dict[str, dict[str, Any] | None]] = {
+            date: {r.name: None for r in self.regions or []} for date in dates}
+        for region in self.regions or []:
+            events = region.api("GET", "/api/v2/assets/events?limit=1000")["asset_events"]
+            for event in events:
+                neli = (event.get("extra") or {}).get("neli")
+                if event.get("name") != ASSET or not isinstance(neli, dict):
+                    continue
+                date = keys.get(str(neli.get("run_key")))
+                if date is not None:
+                    found[date][region.name] = neli
         return found
 
     @property

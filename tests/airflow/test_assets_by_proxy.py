@@ -192,3 +192,84 @@ def test_proxy_asset_events_off_the_region_records_no_event(
     assert states(region)["job"] == "skipped"
     assert asset_events(region) == []
     assert consumer_queued(region) == 0
+
+
+# Two gates' first events by proxy through the same alias, in the same instant, as the API
+# server registers them (AssetManager.register_asset_change in two sessions): both find the
+# alias unlinked; a barrier holds each session at its first flush until both got there.
+RACE = """
+import json, sys, threading
+from sqlalchemy import event, select
+from sqlalchemy.orm import configure_mappers, joinedload
+from airflow.assets.manager import asset_manager
+from airflow.models.asset import AssetModel
+from airflow.utils.session import create_session
+from neli_orchestrate.airflow.plugins.alias_links import ensure_links
+
+configure_mappers()  # AssetModel.aliases is a backref of AssetAliasModel
+ALIAS, ASSET = "neli-proxy/proxy_producer/claim_run", "proxy_table"
+fixed = sys.argv[1] == "fixed"
+barrier = threading.Barrier(2, timeout=60)
+errors, created = [], []
+
+def emit(n):
+    try:
+        with create_session() as session:
+            held = []
+            @event.listens_for(session, "before_flush")
+            def wait(s, *_):
+                if not held and (s.new or s.dirty):
+                    held.append(True)
+                    barrier.wait()
+            if fixed:
+                # what ProxyAliasLinks does before Airflow's handler runs
+                uri = session.scalar(select(AssetModel.uri).where(AssetModel.name == ASSET))
+                created.append(ensure_links([(ALIAS, ASSET, uri)]))
+            asset = session.scalar(select(AssetModel).where(AssetModel.name == ASSET)
+                                   .options(joinedload(AssetModel.aliases)))
+            asset_manager.register_asset_change(
+                task_instance=None, asset=asset, extra={"n": n},
+                source_alias_names=[ALIAS], session=session)
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+
+threads = [threading.Thread(target=emit, args=(n,)) for n in (1, 2)]
+for t in threads: t.start()
+for t in threads: t.join(120)
+with create_session() as session:
+    events = session.scalar(select(AssetModel).where(AssetModel.name == ASSET)
+                            .options(joinedload(AssetModel.aliases)))
+    aliases = [a.name for a in events.aliases]
+print(json.dumps({"errors": errors, "created": created, "aliases": aliases}))
+"""
+
+
+def race(region: AirflowRegion, mode: str) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", RACE, mode], env=region.environ(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.timeout(600)
+def test_two_first_events_by_proxy_at_once_race_in_airflow_and_the_links_made_first_fix_it(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    region = region_with(tmp_path, "127.0.0.1:9", "race", gate_args="")
+    fresh = tmp_path / "fresh.db"
+    shutil.copyfile(region.database, fresh)  # the DAGs serialized, alias and asset not linked
+    broken = race(region, "race")
+    # Airflow 3.3 alone: one of the two registrations fails on the alias-asset link
+    assert len(broken["errors"]) == 1, broken
+    assert "IntegrityError" in broken["errors"][0] and "asset_alias_asset" in broken["errors"][0]
+
+    shutil.copyfile(fresh, region.database)
+    fixed = race(region, "fixed")
+    assert fixed["errors"] == [], fixed
+    assert sorted(fixed["created"]) == [0, 1]  # one request linked them, the other found it
+    assert fixed["aliases"] == ["neli-proxy/proxy_producer/claim_run"]

@@ -16,6 +16,7 @@ import time
 import uuid
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlencode
 
 import pendulum
 import pytest
@@ -218,8 +219,12 @@ def test_completed_elsewhere_the_gate_links_to_the_region_that_ran_it(
     with structlog.testing.capture_logs() as logs:
         with pytest.raises(DownstreamTasksSkipped):
             run_gate(gate_for(conn), ti=ti)
-    url = f"http://airflow.eu-west-1.example:8080/dags/{DAG_ID}"
-    assert ti.xcom[DONE_ELSEWHERE_XCOM_KEY]["url"] == url
+    # eu-west-1's NELI page redirects to its DAG run that ran the run key with the token
+    query = urlencode({"role": ROLE, "run_key": RUN_KEY, "token": done.token, "dag_id": DAG_ID,
+                       "task_id": "spark_job"})
+    url = f"http://airflow.eu-west-1.example:8080/neli/ran?{query}"
+    found = ti.xcom[DONE_ELSEWHERE_XCOM_KEY]
+    assert (found["url"], found["skipped"]) == (url, ["spark_job"])
     assert f"Ran in deployment '{B}' with token {done.token}: {url}" in messages(logs)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from importlib.metadata import distribution, entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,7 +131,12 @@ def test_plugin_entry_point_is_declared_and_loads_the_page_and_the_link() -> Non
 
     from airflow.plugins_manager import AirflowPlugin, is_valid_plugin
 
-    from neli_orchestrate.airflow.plugins.leadership import NeliPlugin, NeliRunLink, app
+    from neli_orchestrate.airflow.plugins.leadership import (
+        NeliPlugin,
+        NeliRanInLink,
+        NeliRunLink,
+        app,
+    )
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     (target,) = project["entry-points"]["airflow.plugins"].values()
@@ -138,7 +144,8 @@ def test_plugin_entry_point_is_declared_and_loads_the_page_and_the_link() -> Non
     plugin = getattr(importlib.import_module(module), name)
     assert plugin is NeliPlugin and issubclass(plugin, AirflowPlugin) and is_valid_plugin(plugin)
     assert plugin.fastapi_apps == [{"app": app, "url_prefix": "/neli", "name": "NELI leadership"}]
-    assert [type(link) for link in plugin.global_operator_extra_links] == [NeliRunLink]
+    assert [type(link) for link in plugin.global_operator_extra_links] == [NeliRunLink,
+                                                                        NeliRanInLink]
     # the provider's "plugins" list would load it a second time (with lazy discovery off)
     assert "plugins" not in get_provider_info()
 
@@ -164,10 +171,59 @@ def test_run_link_points_gate_and_fenced_child_at_the_run_and_nothing_else(
         task.dag = dag
     key = SimpleNamespace(dag_id="d", run_id="r1", map_index=-1)
     link = leadership.NeliRunLink()
-    expected = "/neli/?role=daily&run_key=d%2F2013-01-05+x&conn_id=neli_eu#run"
+    expected = "/neli/?role=daily&run_key=d%2F2013-01-05+x&conn_id=neli_eu&dag_id=d#run"
     assert link.get_link(gate, ti_key=key) == expected
     assert link.get_link(job, ti_key=key) == expected
     assert link.get_link(after, ti_key=key) == ""
     # a run whose gate has not started yet has no rendered fields: no link
     other = SimpleNamespace(dag_id="d", run_id="r2", map_index=-1)
     assert link.get_link(job, ti_key=other) == ""
+
+
+def test_the_plugin_links_proxy_aliases_before_airflow_handles_a_tasks_success(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The api-server's root middleware: a task-state PATCH with events by proxy first links
+    alias and asset (alias_links.ensure_links), then reaches Airflow with its body intact;
+    other requests pass untouched."""
+    import asyncio
+
+    from neli_orchestrate.airflow.plugins import alias_links
+    from neli_orchestrate.airflow.plugins.leadership import NeliPlugin
+
+    (entry,) = NeliPlugin.fastapi_root_middlewares
+    assert entry["middleware"] is alias_links.ProxyAliasLinks
+    linked: list[set[Any]] = []
+    monkeypatch.setattr(alias_links, "ensure_links", lambda links: linked.append(set(links)))
+    received: list[bytes] = []
+
+    async def airflow(scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        received.append(body)
+
+    payload = json.dumps({"state": "success", "outlet_events": [
+        {"dest_asset_key": {"name": "t", "uri": "t"}, "source_alias_name": "neli-proxy/d/g",
+         "extra": {}},
+        {"dest_asset_key": {"name": "u", "uri": "u"}, "source_alias_name": "user-alias",
+         "extra": {}},
+        {"dest_asset_key": {"name": "v", "uri": "v"}, "extra": {}}]}).encode()
+
+    def call(method: str, path: str) -> None:
+        chunks = [payload[:40], payload[40:]]
+
+        async def receive() -> Any:
+            chunk = chunks.pop(0)
+            return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+        scope = {"type": "http", "method": method, "path": path}
+        asyncio.run(alias_links.ProxyAliasLinks(airflow)(scope, receive, None))
+
+    call("PATCH", "/execution/task-instances/0199-abc/state")
+    assert linked == [{("neli-proxy/d/g", "t", "t")}]
+    assert received == [payload]
+    call("PATCH", "/api/v2/dags/d")  # not a task's state: untouched
+    assert len(linked) == 1 and received[-1] == payload

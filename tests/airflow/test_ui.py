@@ -38,6 +38,7 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 HELD_ROLE, DAG_ROLE = "ui_hourly", "ui_daily"
 DAG_ID = "neli_ui_test"
 EAST, WEST = "us-east-1", "eu-west-1"
+WEST_UI = "http://airflow.eu-west-1.invalid:8080"
 
 
 def checkout_settings(root: Path) -> dict[str, str]:
@@ -124,7 +125,9 @@ def started(warm_broker: str, tmp_path_factory: pytest.TempPathFactory,
     namespace = f"ui{uuid.uuid4().hex[:8]}"
     connection = neli_connection(warm_broker, "us-east-1", namespace=namespace,
                                  session_timeout=12, heartbeat_timeout=4, acquire_timeout=30,
-                                 handoff_timeout=120)
+                                 handoff_timeout=120,
+                                 # eu-west-1's UI; the harness adds us-east-1's own
+                                 region_urls={WEST: WEST_UI})
     config = RegionConfig("us-east-1", connections={"neli_default": connection},
                           connection_source="environment", triggerer=False, secured=True,
                           env=checkout_settings(root))
@@ -141,7 +144,7 @@ def started(warm_broker: str, tmp_path_factory: pytest.TempPathFactory,
     thread.start()
     try:
         with AirflowRegions.start(root, [HERE / "dags" / "neli_ui_test.py"],
-                                  [config]) as regions:
+                                  [config], region_urls=True) as regions:
             thread.join()
             if failures:
                 raise failures[0]
@@ -326,3 +329,80 @@ def test_extra_links_of_the_gate_and_the_fenced_task_open_the_runs_ledger_entry(
     assert all(r.deployment == "us-east-1" for r in records)
     selected = browser.find_elements(By.CSS_SELECTOR, "tr.run-row.selected")
     assert [s.get_attribute("data-run-key") for s in selected] == [run_key]
+
+
+def test_a_skipped_run_says_where_it_ran_with_the_token_and_a_link_to_that_region(
+        ui: UI, browser: Any, claim_now: Any) -> None:
+    """eu-west-1 completed the date: us-east-1's gate skips it; the "Ran in region" link of the
+    gate and the skipped task leads to eu-west-1's run, and the NELI page names region, token
+    and that link. A region's ``/neli/ran`` opens its own DAG run of the run key and token."""
+    from urllib.parse import quote, urlencode
+
+    from selenium.webdriver.common.by import By
+
+    region = ui.region
+    # us-east-1's own run of 2013-01-07 (test_extra_links_… triggered it): finished first, so
+    # the role is free for eu-west-1
+    assert region.wait_for_runs(DAG_ID, [ui.run_id], timeout=180) == {ui.run_id: "success"}
+    own_key = "neli_ui_test/2013-01-07T00:00:00+00:00"
+    run_key = "neli_ui_test/2013-01-08T00:00:00+00:00"
+    with ui.singleton(WEST) as west:
+        reservation = claim_now(west, DAG_ROLE, run_key)
+        west.execute(DAG_ROLE, run_key, reservation.token, lambda run: None)
+        done = west.status(DAG_ROLE, run_key)
+        own = west.status(DAG_ROLE, own_key)
+    assert (done.deployment, done.state.value, own.deployment) == (WEST, "COMPLETED", EAST)
+
+    run_id = region.trigger(DAG_ID, "2013-01-08")
+    assert region.wait_for_runs(DAG_ID, [run_id], timeout=180) == {run_id: "success"}
+    tis = region.task_instances(DAG_ID, run_id)
+    assert (tis["gate"]["state"], tis["job"]["state"]) == ("success", "skipped")
+    expected = f"{WEST_UI}/neli/ran?" + urlencode({
+        "role": DAG_ROLE, "run_key": run_key, "token": done.token, "dag_id": DAG_ID,
+        "task_id": "job"})
+    for task_id in ("gate", "job"):
+        links = region.api("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/"
+                                  f"{task_id}/links")["extra_links"]
+        assert links.get("Ran in region") == expected, (task_id, links)
+    # the run this region ran itself has no such link
+    links = region.api("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{ui.run_id}/taskInstances/"
+                              "job/links")["extra_links"]
+    assert not links.get("Ran in region"), links
+    log = region.task_log(DAG_ID, run_id, "gate")
+    assert f"Ran in deployment '{WEST}' with token {done.token}: {expected}" in log, log[-3000:]
+
+    # the NELI page, opened from the skipped task's "NELI run" link
+    login(browser, ui)
+    job_links = region.api("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/"
+                                  "job/links")["extra_links"]
+    browser.get(region.api_url + job_links["NELI run"])
+    ran_in = browser.find_element(By.ID, "ran-in")
+    assert (ran_in.get_attribute("data-deployment"), ran_in.get_attribute("data-token")) == (
+        WEST, str(done.token))
+    assert f"Ran in deployment {WEST}" in ran_in.text and str(done.token) in ran_in.text
+    href = browser.find_element(By.ID, "ran-in-link").get_attribute("href")
+    assert href == f"{WEST_UI}/neli/ran?" + urlencode({
+        "role": DAG_ROLE, "run_key": run_key, "token": done.token, "dag_id": DAG_ID})
+
+    # what eu-west-1's /neli/ran does, here for us-east-1's own run: its DAG run's task page
+    token = region.token()
+    query = urlencode({"role": DAG_ROLE, "run_key": own_key, "token": own.token,
+                       "dag_id": DAG_ID, "task_id": "job"})
+    status, headers, _ = ui.get(f"/neli/ran?{query}", token=token)
+    assert status == 303, status
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert headers["location"] == (
+        f"/dags/{DAG_ID}/runs/{quote(ui.run_id, safe='')}/tasks/job"), headers
+    # a newer token of that run key than its gate's (a retry of the task re-claimed it): the
+    # same run
+    query = urlencode({"role": DAG_ROLE, "run_key": own_key, "token": own.token + 100,
+                       "dag_id": DAG_ID})
+    status, headers, _ = ui.get(f"/neli/ran?{query}", token=token)
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert (status, headers["location"]) == (
+        303, f"/dags/{DAG_ID}/runs/{quote(ui.run_id, safe='')}"), headers
+    # a run key no gate of this region claimed: its ledger view of the run key instead
+    query = urlencode({"role": DAG_ROLE, "run_key": run_key, "token": done.token})
+    status, headers, _ = ui.get(f"/neli/ran?{query}", token=token)
+    headers = {k.lower(): v for k, v in headers.items()}
+    assert status == 303 and headers["location"].startswith("/neli/?"), (status, headers)

@@ -232,6 +232,24 @@ def _materialization_of(result: dg.ExecuteInProcessResult, step: str) -> Any:
     return materialization
 
 
+def test_the_materialization_by_proxy_links_to_the_partition_where_it_ran() -> None:
+    @singleton_asset(partitions_def=DAYS, key_prefix=["flights"])
+    def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+        return 1
+
+    assert _materialize(daily, neli(deployment="east")).success
+    urls = {"east": "http://dagster.east.example:3000/", "west": "http://dagster.west.example"}
+    again = _materialize(daily, neli(deployment="west", region_urls=urls))
+    link = _materialization_of(again, "flights__daily").metadata["ran_in_url"]
+    assert isinstance(link, dg.UrlMetadataValue)
+    # east's catalog: this partition's materializations, each linking to its run
+    assert link.value == (
+        f"http://dagster.east.example:3000/assets/flights/daily?view=events&partition={DAY}")
+    # a deployment whose UI is not listed: no link
+    unknown = _materialize(daily, neli(deployment="west", region_urls={"west": urls["west"]}))
+    assert "ran_in_url" not in _materialization_of(unknown, "flights__daily").metadata
+
+
 def test_materialize_by_proxy_off_observes_and_skips_downstream() -> None:
     @singleton_asset(partitions_def=DAYS, materialize_by_proxy=False)
     def daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:

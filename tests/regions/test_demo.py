@@ -63,8 +63,28 @@ def test_demo_runs_each_date_once_through_a_kill_and_draws_the_timeline(
         assert versions and versions[-1][1] == outcome["token"], outcome
         assert all(token <= outcome["token"] for _, token in versions), outcome
 
+    check_asset_events(report)
+
     png = tmp_path / "neli-demo-timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 20_000
     assert report["leadership"], "the observer saw no leader"
     assert report["executions"], "the observer saw no Spark job"
+
+
+def check_asset_events(report: dict) -> None:  # type: ignore[type-arg]
+    """The table's asset event column (``report["asset_events"]``, read from each region's
+    REST API): the runner's own event and, in every other region, an event by proxy, each
+    naming the runner and the ledger's token. The one exception is the known gap (docs/airflow.md):
+    the killed region, when its gate had claimed the date and its task's retry then found it
+    completed elsewhere (skipped tasks emit no event), has none for that date."""
+    (kill,) = report["faults"]
+    for outcome in report["dates"]:
+        events = report["asset_events"][outcome["date"]]
+        for region, neli in events.items():
+            if neli is None:
+                assert (region, outcome["date"]) == (kill["region"], kill["date"]), events
+                assert region != outcome["ran_in"], events
+                continue
+            assert (neli["deployment"], neli["token"]) == (outcome["ran_in"], outcome["token"])
+            assert neli["proxy"] is (region != outcome["ran_in"]), (region, neli)

@@ -329,12 +329,15 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
             reset_command(self.role, self.run_key or "RUN_KEY"),
         )
         done = record_to_dict(record)
-        url = self._region_url(record.deployment) if record is not None else None
-        if done is not None and url:
-            done["url"] = url
-            self.log.info(
-                "Ran in deployment %r with token %s: %s", record.deployment, record.token, url
-            )
+        if done is not None:
+            # what the "Ran in region" extra link and the NELI page read (plugins/leadership)
+            done["skipped"] = skipped
+            url = self._region_url(record, child=skipped[0] if skipped else None)
+            if url:
+                done["url"] = url
+                self.log.info(
+                    "Ran in deployment %r with token %s: %s", record.deployment, record.token, url
+                )
         ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=done)
         if self.proxy_asset_events and record is not None:
             self._emit_by_proxy(context, record, tasks, here)
@@ -342,23 +345,23 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         # records the gate's success with the outlet events added above.
         self.skip(ti=ti, tasks=tasks)
 
-    def _region_url(self, deployment: str) -> str | None:
-        """This DAG's page in ``deployment``'s UI, from the connection extra ``region_urls``
-        (``{"us-east-1": "https://airflow.us-east-1.example.com", ...}``); None if unknown."""
-        import json
+    def _region_url(self, record: Any, *, child: str | None) -> str | None:
+        """The DAG run that ran this run key in ``record.deployment``'s UI, from the setting
+        ``region_urls`` (``{"us-east-1": "https://airflow.us-east-1.example.com", ...}``):
+        that region's NELI page redirects to its run (neli_orchestrate.airflow.assets.ran_url).
+        None if the region's URL is unknown."""
+        from neli_orchestrate.airflow.assets import ran_url
 
         try:
-            extra = NeliHook.get_connection(self.neli_conn_id).extra_dejson or {}
-            urls = extra.get("region_urls") or {}
-            if isinstance(urls, str):
-                urls = json.loads(urls)
+            urls = self._hook().settings.region_urls
         except Exception as exc:  # noqa: BLE001 - a link must never fail the gate
             self.log.warning("Cannot read region_urls of connection %r: %s", self.neli_conn_id, exc)
             return None
-        base = urls.get(deployment) if isinstance(urls, dict) else None
-        if not isinstance(base, str) or not base:
+        base = urls.get(record.deployment)
+        if not base:
             return None
-        return f"{base.rstrip('/')}/dags/{self.dag_id}"
+        return ran_url(base, role=self.role, run_key=str(self.run_key), token=record.token,
+                       dag_id=self.dag_id, task_id=child)
 
     def _emit_by_proxy(self, context: Context, record: Any, tasks: list[Any], here: str) -> None:
         """Add an asset event for each skipped task's outlet, through the gate's proxy alias."""

@@ -18,6 +18,7 @@ browser is sent to the login page.
 from __future__ import annotations
 
 import html
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import asdict
@@ -30,6 +31,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from neli_orchestrate.airflow import liveness as _liveness_listener
+from neli_orchestrate.airflow.plugins.alias_links import ProxyAliasLinks
 from neli_orchestrate.errors import ConfigError, NeliError
 from neli_orchestrate.observe import (
     LEDGER_ROWS,
@@ -47,8 +49,8 @@ if TYPE_CHECKING:
     from neli_orchestrate.observe import RoleStatus
     from neli_orchestrate.settings import ClusterSettings
 
-__all__ = ["LEDGER_ROWS", "NeliPlugin", "NeliRunLink", "Overview", "RoleOverview", "app",
-           "collect_overview", "run_url"]
+__all__ = ["LEDGER_ROWS", "NeliPlugin", "NeliRanInLink", "NeliRunLink", "Overview",
+           "RoleOverview", "app", "collect_overview", "find_claimed_run", "run_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +87,15 @@ def _base_path() -> str:
     return urlparse(base).path.rstrip("/")
 
 
-def run_url(role: str, run_key: str, conn_id: str | None = None) -> str:
-    """The page's address of one run key (what the extra links point at)."""
+def run_url(role: str, run_key: str, conn_id: str | None = None,
+            dag_id: str | None = None) -> str:
+    """The page's address of one run key (what the extra links point at); ``dag_id`` lets
+    the page's link to the region that ran it open that region's DAG run."""
     query = {"role": role, "run_key": run_key}
     if conn_id and conn_id != DEFAULT_CONN_ID:
         query["conn_id"] = conn_id
+    if dag_id:
+        query["dag_id"] = dag_id
     return f"{_base_path()}{URL_PREFIX}/?{urlencode(query)}#run"
 
 
@@ -144,7 +150,98 @@ class NeliRunLink(BaseOperatorLink):
         role, run_key = fields.get("role"), fields.get("run_key")
         if not isinstance(role, str) or not isinstance(run_key, str) or not role or not run_key:
             return ""  # the gate has not started in this run yet
-        return run_url(role, run_key, getattr(gate, "neli_conn_id", None))
+        return run_url(role, run_key, getattr(gate, "neli_conn_id", None), ti_key.dag_id)
+
+
+#: How many of a deployment's latest ``return_value`` XComs ``/neli/ran`` searches for a claim.
+CLAIM_SCAN = 5000
+
+
+def _xcom(dag_id: str, task_id: str, run_id: str, key: str) -> Any:
+    """One XCom value of a task instance, as the task pushed it (None when there is none)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        value = session.scalar(select(XComModel.value).where(
+            XComModel.dag_id == dag_id, XComModel.task_id == task_id,
+            XComModel.run_id == run_id, XComModel.map_index == -1, XComModel.key == key))
+    return _decoded(value)
+
+
+def _decoded(value: Any) -> Any:
+    # The task runner stores a pushed dict either as JSON or as its JSON text.
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+class NeliRanInLink(BaseOperatorLink):
+    """"Ran in region": from a gate that skipped a run another region completed, and from the
+    tasks it skipped, to that region's DAG run (through its ``/neli/ran``).
+
+    Resolved in the api-server from the gate's XCom ``neli_done`` of that DAG run, which holds
+    the ledger record, the skipped task ids and the address; the address is there only when the
+    connection's ``region_urls`` knows the running region's UI. No link otherwise.
+    """
+
+    name = "Ran in region"
+
+    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+        from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY
+
+        dag = getattr(operator, "dag", None)
+        if _is_gate(operator):
+            gates = [operator]
+        elif dag is not None:
+            gates = [t for _, t in sorted(dag.task_dict.items()) if _is_gate(t)]
+        else:
+            return ""
+        for gate in gates:
+            try:
+                done = _xcom(ti_key.dag_id, gate.task_id, ti_key.run_id, DONE_ELSEWHERE_XCOM_KEY)
+            except Exception:  # noqa: BLE001 - a link must not break the task page
+                logger.warning("cannot read the XCom of gate %s", gate.task_id, exc_info=True)
+                return ""
+            if not isinstance(done, dict):
+                continue
+            if gate is operator or operator.task_id in (done.get("skipped") or ()):
+                return str(done.get("url") or "")
+        return ""
+
+
+def find_claimed_run(role: str, run_key: str, token: int,
+                     dag_id: str | None = None) -> tuple[str, str] | None:
+    """(dag_id, run_id) of this deployment's DAG run whose gate claimed ``run_key`` of ``role``
+    under ``token`` (the gate's ``return_value`` XCom), searching the latest
+    :data:`CLAIM_SCAN` such XComs; else the latest whose gate claimed that run key under
+    another token (the fenced task's retry re-claimed it); None when there is none."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    query = select(XComModel.dag_id, XComModel.run_id, XComModel.value).where(
+        XComModel.key == "return_value", XComModel.map_index == -1)
+    if dag_id:
+        query = query.where(XComModel.dag_id == dag_id)
+    query = query.order_by(XComModel.timestamp.desc()).limit(CLAIM_SCAN)
+    with create_session() as session:
+        rows = list(session.execute(query))
+    same_key: tuple[str, str] | None = None
+    for found_dag, run_id, raw in rows:
+        value = _decoded(raw)
+        if (not isinstance(value, dict) or value.get("run_key") != run_key
+                or value.get("role") != role):
+            continue
+        if value.get("token") == token:
+            return str(found_dag), str(run_id)
+        # a retry of the fenced task that re-claimed the run holds a newer token than its gate
+        same_key = same_key or (str(found_dag), str(run_id))
+    return same_key
 
 
 # -- auth: Airflow's own ----------------------------------------------------------------------
@@ -201,10 +298,28 @@ def overview_json(conn_id: str = DEFAULT_CONN_ID,
     })
 
 
+@app.get("/ran")
+def ran(role: str, run_key: str, token: int, dag_id: str | None = None,
+        task_id: str | None = None, conn_id: str = DEFAULT_CONN_ID,
+        user: Any = Depends(_require_user)) -> RedirectResponse:  # noqa: B008
+    """Redirect to this deployment's DAG run (task ``task_id`` of it) that ran ``run_key`` under
+    ``token``: where the "Ran in region" link of another region points. When this deployment
+    has no such run (XCom gone, another DAG), to this page at the run key instead."""
+    found = find_claimed_run(role, run_key, token, dag_id)
+    if found is None:
+        return RedirectResponse(run_url(role, run_key, conn_id, dag_id), status_code=303)
+    found_dag, run_id = found
+    path = f"{_base_path()}/dags/{quote(found_dag, safe='')}/runs/{quote(run_id, safe='')}"
+    if task_id:
+        path += f"/tasks/{quote(task_id, safe='')}"
+    return RedirectResponse(path, status_code=303)
+
+
 @app.get("/", response_class=HTMLResponse)
 def page(conn_id: str = DEFAULT_CONN_ID,
          role: list[str] = Query(default=[]),  # noqa: B008
          run_key: str | None = None,
+         dag_id: str | None = None,
          user: Any = Depends(_require_user)) -> HTMLResponse:  # noqa: B008
     """The page: per role, leader, recent ledger and timeline."""
     try:
@@ -212,7 +327,18 @@ def page(conn_id: str = DEFAULT_CONN_ID,
     except NeliError as exc:
         body = f'<p class="error" id="error">{_e(str(exc))}</p>'
         return HTMLResponse(_document("NELI leadership", body), status_code=503)
-    return HTMLResponse(_document("NELI leadership", _render(data, run_key, conn_id)))
+    urls = _region_urls(conn_id) if run_key is not None else {}
+    return HTMLResponse(_document("NELI leadership",
+                                  _render(data, run_key, conn_id, urls, dag_id)))
+
+
+def _region_urls(conn_id: str) -> dict[str, str]:
+    """The connection's ``region_urls`` (empty when unset or unreadable: links are extras)."""
+    try:
+        return dict(getattr(_target(conn_id)[0], "region_urls", None) or {})
+    except Exception as exc:  # noqa: BLE001 - the page shows the ledger without the links
+        logger.warning("cannot read region_urls of connection %s: %s", conn_id, exc)
+        return {}
 
 
 # -- HTML -------------------------------------------------------------------------------------
@@ -268,7 +394,32 @@ def _timeline_html(st: RoleStatus, now: float) -> str:
             f'<th>from</th><th>last heartbeat</th><th>heartbeats</th></tr>{"".join(rows)}</table>')
 
 
-def _render(data: Overview, run_key: str | None, conn_id: str) -> str:
+def _ran_in_html(data: Overview, urls: dict[str, str], dag_id: str | None) -> str:
+    """Which deployment completed the run key, with its token, and a link to its run there."""
+    from neli_orchestrate.airflow.assets import ran_url
+    from neli_orchestrate.ledger import RunState
+
+    done = [e.record for e in data.run_history
+            if e.record is not None and e.record.state is RunState.COMPLETED]
+    if not done:
+        return ""
+    record = done[-1]
+    where = "this deployment" if record.deployment == data.deployment else "another deployment"
+    link = ""
+    base = urls.get(record.deployment)
+    if base and record.deployment != data.deployment:
+        href = ran_url(base, role=record.role, run_key=record.run_key, token=record.token,
+                       dag_id=dag_id)
+        link = (f' · <a id="ran-in-link" href="{_e(href)}">open the run in '
+                f'{_e(record.deployment)}\'s UI</a>')
+    return (f'<p id="ran-in" data-deployment="{_e(record.deployment)}" '
+            f'data-token="{_e(record.token)}">Ran in deployment <b>{_e(record.deployment)}</b> '
+            f'({where}) with fencing token <b>{_e(record.token)}</b>, completed '
+            f'{_e(_when(record.at))}{link}</p>')
+
+
+def _render(data: Overview, run_key: str | None, conn_id: str,
+            urls: dict[str, str] | None = None, dag_id: str | None = None) -> str:
     parts = [f'<p class="muted">namespace <b id="namespace">{_e(data.namespace)}</b> at '
              f'{_e(data.bootstrap_servers)} · ledger {_e(data.ledger_topic)} · this deployment '
              f'<b id="deployment">{_e(data.deployment)}</b> (connection {_e(conn_id)}) · read '
@@ -281,6 +432,7 @@ def _render(data: Overview, run_key: str | None, conn_id: str) -> str:
             f'>{_record_cells(e)}</tr>' for e in data.run_history)
         parts.append(
             f'<section id="run" data-run-key="{_e(run_key)}"><h2>Run {_e(run_key)}</h2>'
+            + _ran_in_html(data, urls or {}, dag_id)
             + (f'<table><tr><th>run key</th><th>state</th><th>token</th><th>deployment</th>'
                f'<th>attempt</th><th>at</th><th>reason</th></tr>{rows}</table>' if rows else
                '<p class="muted">no ledger record of this run key (yet)</p>') + "</section>")
@@ -337,7 +489,8 @@ def _document(title: str, body: str) -> str:
 
 
 class NeliPlugin(AirflowPlugin):
-    """The NELI page (FastAPI app and menu entry) and the "NELI run" extra link."""
+    """The NELI page (FastAPI app and menu entry) and the "NELI run" and "Ran in region" extra
+    links."""
 
     name = "neli_orchestrate"
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "NELI leadership"}]
@@ -347,6 +500,10 @@ class NeliPlugin(AirflowPlugin):
         "url_route": "neli",
         "category": "browse",
     }]
-    global_operator_extra_links = [NeliRunLink()]
+    global_operator_extra_links = [NeliRunLink(), NeliRanInLink()]
+    # Links a gate's proxy alias to its assets before Airflow registers its first events by
+    # proxy, so two gates emitting them at once do not race (plugins/alias_links.py).
+    fastapi_root_middlewares = [{"middleware": ProxyAliasLinks, "args": [], "kwargs": {},
+                                 "name": "NELI proxy alias links"}]
     # The scheduler announces the deployment's liveness in Kafka (neli_orchestrate.liveness).
     listeners = [_liveness_listener]
