@@ -139,10 +139,11 @@ def _airflow() -> list[str]:
             f" One of: {', '.join(f'`{c}`' for c in choices)}." if choices else "")
         rows.append(f"| `{name}` | {_cell(spec['label'])} | {kind} | {_cell(text)} |")
     rows += ["", "Airflow configuration (`airflow.cfg` or `AIRFLOW__NELI__<OPTION>`):", "",
-             "| `[neli]` option | Example | Meaning |", "|---|---|---|"]
+             "| `[neli]` option | Default | Example | Meaning |", "|---|---|---|---|"]
     for name, option in info["config"]["neli"]["options"].items():
-        rows.append(f"| `{name}` | `{option.get('example')}` | "
-                    f"{_cell(option['description'])} |")
+        default = option.get("default")
+        rows.append(f"| `{name}` | {'-' if default is None else f'`{default}`'} | "
+                    f"`{option.get('example')}` | {_cell(option['description'])} |")
     return rows
 
 

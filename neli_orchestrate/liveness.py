@@ -417,7 +417,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--component", default="sidecar")
     parser.add_argument("--from-env", action="store_true",
                         help=f"read the configuration (JSON) from ${ANNOUNCER_ENV}")
-    parser.add_argument("--exit-with-parent", action="store_true")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="exit when the process that started this one is gone")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit when this process is no longer the parent (a child that"
+                        " exec'd into the announcer)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
@@ -439,10 +443,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    parent = os.getppid()
+    parent = args.parent_pid if args.parent_pid is not None else os.getppid()
+    watch = args.exit_with_parent or args.parent_pid is not None
+    if watch and os.getppid() != parent:
+        return 0  # the parent is gone already
     with LivenessAnnouncer(config):
         while not stop.wait(0.5):
-            if args.exit_with_parent and os.getppid() != parent:
+            if watch and os.getppid() != parent:
                 break
     return 0
 

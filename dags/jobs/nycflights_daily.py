@@ -283,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in delta_session_conf().items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    context = spark.sparkContext
+    # When the application started (the SparkContext's own start time, as in Spark's
+    # ApplicationStart event): the chaos suite reads this line from the task log to time a
+    # take-over as the user feels it (docs/chaos.md).
+    logger.info("NELI application %s started at %.3f (token %s, run key %s)",
+                context.applicationId, context.startTime / 1000,
+                spark.conf.get("spark.neli.token", "-"), spark.conf.get("spark.neli.run_key", "-"))
     try:
         result = run_job(spark, args)
     except StaleTokenError as exc:

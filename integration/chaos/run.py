@@ -21,7 +21,12 @@ wait for every run to end, and check (neli_orchestrate.demo.evidence):
   ``--sink directory``: the published output's token equals the COMPLETED record's);
 - lost = 0: the date is COMPLETED;
 - the faulted region's Spark task FAILED with a fencing reason, where the scenario fences it;
-- takeover time: fault → the other region's claim.
+- takeover time: fault → the other region's claim;
+- running time: fault → the Spark application that continues the run *started* (its
+  SparkContext's start time, which the job logs once it exists and the harness reads from the
+  Spark task's log in each region): the take-over as the user feels it. Also recorded per
+  trial: fault → its driver JVM seen (``launch_seconds``; running minus launch is Spark's own
+  start-up).
 
 Each trial writes ``<out>/<scenario>-<n>.json`` and ``.png`` (timeline); the run writes
 ``<out>/summary.json`` and ``summary.md``. Exit status 1 when any trial has a duplicate, a lost
@@ -453,6 +458,9 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
         "lost": report.lost,
         "fenced_as_expected": fenced_ok,
         "takeover_seconds": outcome.takeover_seconds,
+        "running_seconds": outcome.running_seconds,
+        "running_in": outcome.running_in,
+        "launch_seconds": outcome.launch_seconds,
         "ran_in": outcome.ran_in,
         "token": outcome.token,
         "sink": world.settings.sink,
@@ -516,6 +524,8 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for scenario in dict.fromkeys(_label(r) for r in results):
         rows = [r for r in results if _label(r) == scenario]
         takeovers = [s for r in rows for s in r["takeover_seconds"]]
+        # older result files have no running_seconds: they count as not measured
+        running = [s for r in rows for s in r.get("running_seconds", [])]
         fenced = [r["fenced_as_expected"] for r in rows if r["fenced_as_expected"] is not None]
         table[scenario] = {
             "trials": len(rows),
@@ -530,6 +540,9 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "errors": sum(1 for r in rows if r["error"]),
             "takeover_p50_s": percentile(takeovers, 50),
             "takeover_p99_s": percentile(takeovers, 99),
+            "running_p50_s": percentile(running, 50),
+            "running_p99_s": percentile(running, 99),
+            "running_measured": len(running),
             "trial_p50_s": round(statistics.median(r["seconds"] for r in rows), 1),
         }
     return table
@@ -538,7 +551,8 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def markdown(table: dict[str, dict[str, Any]], header: str) -> str:
     cols = ["trials", "faults_injected", "window_missed", "duplicates", "lost", "fenced",
             "errors",
-            "takeover_p50_s", "takeover_p99_s", "trial_p50_s"]
+            "takeover_p50_s", "takeover_p99_s", "running_p50_s", "running_p99_s",
+            "trial_p50_s"]
     lines = [header, "", "| scenario | " + " | ".join(cols) + " |",
              "|---|" + "---|" * len(cols)]
     for scenario, row in table.items():
@@ -691,7 +705,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(
                     f"chaos: {scenario} #{n} {date}: duplicates={result['duplicates']} "
                     f"lost={result['lost']} fenced={result['fenced_as_expected']} "
-                    f"takeover={result['takeover_seconds']} ran_in={result['ran_in']} "
+                    f"takeover={result['takeover_seconds']} "
+                    f"running={result['running_seconds']} in {result['running_in']} "
+                    f"ran_in={result['ran_in']} "
                     f"({result['seconds']} s){error}",
                     flush=True,
                 )

@@ -3,7 +3,9 @@
 Registered by the provider's plugin (``NeliPlugin.listeners``), so a user adds nothing: every
 Airflow component that runs a job calls ``on_starting``; in the **scheduler** (by default) this
 starts an announcer (:mod:`neli_orchestrate.liveness`) for the deployment of the ``neli``
-connection ``[neli] liveness_conn_id`` (default ``neli_default``).
+connection ``[neli] liveness_conn_id`` (default ``neli_default``). On by default;
+``[neli] liveness = False`` turns it off (other regions then keep the handoff window for this
+deployment's claims).
 
 Why the scheduler: nothing of a deployment continues a claim without it. A gate's executor, a
 failed try's retry and the next gate are all scheduled by it; while no scheduler runs, the
@@ -16,19 +18,37 @@ for ``liveness_timeout`` seconds after the last heartbeat; a scheduler back with
 never seen as gone, and a longer restart lets other regions take its claims over (safe: tokens
 and the fenced ledger refuse its late executor; it costs a re-run at most).
 
-The announcer is a child process, not a thread: the scheduler forks (executors, the DAG file
-processor), and librdkafka's threads do not survive a fork. The child exits when its parent is
-gone (checked twice a second), so a ``kill -9`` of the scheduler is seen as a death after
-``liveness_timeout`` like any other. The announcer is opt-in for now: ``[neli] liveness = True``
-turns it on (without it, other regions keep the handoff window for this deployment's claims).
+**Nothing of ours runs in the scheduler.** The scheduler forks (LocalExecutor workers, the log
+server), and a fork copies only the forking thread: a lock (a logging handler's, librdkafka's)
+held by any other thread at that moment stays held for ever in the child, and the task forked
+from it hangs at its first log line (seen in CI with an earlier version that decided on a
+thread). So ``on_starting`` decides synchronously, at once, and starts one child process
+(``subprocess``, ``close_fds``: an exec, not a fork of the Python state); it starts no thread,
+takes no lock of ours and logs nothing. How it tells the scheduler: Airflow 3 constructs its
+``Job`` (whose ``job_type`` its runner sets only after this hook) in exactly three places,
+``airflow.cli.commands.{scheduler,triggerer,dag_processor}_command``; the hook's call stack
+names the one that called it. A task process also calls ``on_starting`` (with a
+``TaskRunnerMarker``, no job): ignored.
+
+The child (``python -m neli_orchestrate.airflow.liveness``) reads the connection (it may not
+exist yet: the harness and many deployments create it after the scheduler starts), retrying
+with backoff (1 s doubling to 30 s, each failure logged), then replaces itself (``exec``) by
+the plain announcer ``python -m neli_orchestrate.liveness`` without Airflow in memory. It exits
+when the scheduler is gone (its parent pid checked twice a second, also while retrying), so a
+``kill -9`` of the scheduler is seen as a death after ``liveness_timeout`` like any other;
+``before_stopping`` stops it (SIGTERM). All its logging goes to the scheduler's stderr.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import subprocess
-import threading
+import sys
 import time
+from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 from airflow.listeners import hookimpl
@@ -37,8 +57,14 @@ log = logging.getLogger(__name__)
 
 _JOB_TYPES = {"scheduler": "SchedulerJob", "triggerer": "TriggererJob",
               "dag-processor": "DagProcessorJob"}
-_lock = threading.Lock()
+#: The modules of Airflow's CLI that construct a ``Job`` (the only ones in Airflow 3.3), by
+#: the component they start.
+_COMMAND_MODULES = {"airflow.cli.commands.scheduler_command": "scheduler",
+                    "airflow.cli.commands.triggerer_command": "triggerer",
+                    "airflow.cli.commands.dag_processor_command": "dag-processor"}
+#: Announcer children of this process (touched only by the thread running the job's hooks).
 _children: list[subprocess.Popen[bytes]] = []
+_TRUE = ("true", "1", "yes", "on")
 
 
 def _option(name: str, default: str) -> str:
@@ -47,73 +73,69 @@ def _option(name: str, default: str) -> str:
     return str(conf.get("neli", name, fallback=default))
 
 
-def _enabled() -> bool:
-    # Opt-in for now: the listener's start thread can hold a logging lock at the moment the
-    # scheduler forks an executor worker, and a task forked from that worker then hangs at its
-    # first log line (seen once in CI, docs/guarantees.md). On by default once the scheduler
-    # keeps no thread of ours.
-    return _option("liveness", "False").strip().lower() in ("true", "1", "yes", "on")
+def enabled() -> bool:
+    """``[neli] liveness``: on unless set false (``False``, ``0``, ``no``, ``off``)."""
+    return _option("liveness", "True").strip().lower() in _TRUE
 
 
-def _wanted_job_types() -> set[str]:
+def wanted_components() -> tuple[set[str], list[str]]:
+    """``[neli] liveness_components``: the chosen components, and the unknown names."""
     names = [n.strip() for n in _option("liveness_components", "scheduler").split(",")]
-    unknown = [n for n in names if n and n not in _JOB_TYPES]
-    if unknown:
-        log.warning("[neli] liveness_components: unknown %s (known: %s)", unknown,
-                    ", ".join(_JOB_TYPES))
-    return {_JOB_TYPES[n] for n in names if n in _JOB_TYPES}
+    return ({n for n in names if n in _JOB_TYPES},
+            [n for n in names if n and n not in _JOB_TYPES])
+
+
+def starting_component(depth: int = 64) -> str | None:
+    """The Airflow component whose ``Job()`` is being constructed: the nearest CLI command
+    module on the call stack (``scheduler``, ``triggerer``, ``dag-processor``), or None."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        name = _COMMAND_MODULES.get(frame.f_globals.get("__name__", ""))
+        if name is not None:
+            return name
+        frame = frame.f_back
+    return None
 
 
 @hookimpl
 def on_starting(component: Any) -> None:
-    """A job (scheduler, triggerer, ...) starts: announce liveness if it is a chosen one."""
-    if not hasattr(component, "job_type") or not _enabled():
-        return  # the task runner, or liveness off
-    # The job's type is set by its runner just after this hook: decide on a thread.
-    threading.Thread(target=_announce_when_typed, args=(component,), daemon=True,
-                     name="neli-liveness-start").start()
+    """A job (scheduler, triggerer, ...) starts: spawn the announcer if it is a chosen one.
+
+    Synchronous and silent (see the module docstring): no thread, no lock, no log call.
+    """
+    if not hasattr(component, "job_type"):
+        return  # the task runner's marker, not a job
+    name = starting_component()
+    if name is None or not enabled():
+        return
+    chosen, _unknown = wanted_components()
+    if name not in chosen:
+        return
+    _children.append(spawn(name, _option("liveness_conn_id", "neli_default")))
 
 
 @hookimpl
 def before_stopping(component: Any) -> None:
     """The job stops: stop announcing (the member expires after the liveness timeout)."""
-    with _lock:
-        children = list(_children)
-        _children.clear()
+    children = list(_children)
+    _children.clear()
     for child in children:
         child.terminate()
         try:
             child.wait(10)
         except subprocess.TimeoutExpired:
             child.kill()
+            child.wait(10)
 
 
-def _announce_when_typed(job: Any) -> None:
-    deadline = time.monotonic() + 120
-    while not getattr(job, "job_type", None):
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.1)
-    if job.job_type not in _wanted_job_types():
-        return
-    conn_id = _option("liveness_conn_id", "neli_default")
-    delay = 5.0
-    while True:
-        try:
-            config = _announcer_config(conn_id, component=str(job.job_type))
-            break
-        except Exception as exc:  # noqa: BLE001 - connection not defined yet, bad extras
-            log.warning("NELI liveness: cannot read connection %r (%s); retrying in %.0f s",
-                        conn_id, exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 300.0)
-    from neli_orchestrate.liveness import spawn_announcer
-
-    child = spawn_announcer(config)
-    with _lock:
-        _children.append(child)
-    log.info("NELI liveness: %s announces deployment %r in group %r (pid %d, timeout %g s)",
-             job.job_type, config.deployment, config.group, child.pid, config.timeout)
+def spawn(component: str, conn_id: str) -> subprocess.Popen[bytes]:
+    """Start the announcer child of this process (it reads the connection itself)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "neli_orchestrate.airflow.liveness", "--component", component,
+         "--conn-id", conn_id, "--parent-pid", str(os.getpid())],
+        stdin=subprocess.DEVNULL, close_fds=True)
 
 
 def _announcer_config(conn_id: str, *, component: str) -> Any:
@@ -130,3 +152,58 @@ def _announcer_config(conn_id: str, *, component: str) -> Any:
                            timeout=config.liveness_timeout, component=component,
                            poll_interval=min(0.5, config.liveness_timeout / 5),
                            kafka_config=ledger_client_settings(config.neli.kafka_config))
+
+
+def _wait_parent(seconds: float, parent: int) -> bool:
+    """Sleep ``seconds``; False as soon as ``parent`` is no longer our parent."""
+    end = time.monotonic() + seconds
+    while True:
+        if os.getppid() != parent:
+            return False
+        left = end - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(0.5, left))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The announcer child: read the connection (with backoff), then exec the announcer."""
+    parser = argparse.ArgumentParser(prog="python -m neli_orchestrate.airflow.liveness")
+    parser.add_argument("--component", required=True, choices=sorted(_JOB_TYPES))
+    parser.add_argument("--conn-id", required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _chosen, unknown = wanted_components()
+    if unknown:
+        log.warning("[neli] liveness_components: unknown %s (known: %s)", unknown,
+                    ", ".join(_JOB_TYPES))
+    delay = 1.0
+    while True:
+        if os.getppid() != args.parent_pid:
+            return 0  # the component is gone already
+        try:
+            config = _announcer_config(args.conn_id, component=args.component)
+            break
+        except Exception as exc:  # noqa: BLE001 - connection not defined yet, bad extras
+            log.warning("NELI liveness (%s): cannot read connection %r (%s); retrying in"
+                        " %.0f s", args.component, args.conn_id, exc, delay)
+            if not _wait_parent(delay, args.parent_pid):
+                return 0
+            delay = min(delay * 2, 30.0)
+    from neli_orchestrate.liveness import ANNOUNCER_ENV
+
+    log.info("NELI liveness: the %s announces deployment %r in group %r (pid %d, timeout %g s)",
+             args.component, config.deployment, config.group, os.getpid(), config.timeout)
+    env = {**os.environ, ANNOUNCER_ENV: config.to_json()}  # no secrets on a command line
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    # The announcer without Airflow in memory (~100 MB less); same pid, same parent.
+    os.execve(sys.executable, [sys.executable, "-m", "neli_orchestrate.liveness", "--from-env",
+                               "--parent-pid", str(args.parent_pid)], env)
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -179,6 +179,41 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "acme",
                         "default": None,
                     },
+                    "liveness": {
+                        "description": (
+                            "Announce this deployment's liveness in Kafka from the scheduler "
+                            "(a listener spawns one announcer process; docs/guarantees.md), so "
+                            "other deployments take its unfinished claims over within "
+                            "liveness_timeout once it is gone. On by default; False turns it "
+                            "off (other deployments then wait handoff_timeout for its claims)."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "False",
+                        "default": "True",
+                    },
+                    "liveness_components": {
+                        "description": (
+                            "Airflow components that announce the deployment's liveness, comma "
+                            "separated: scheduler, triggerer, dag-processor. The deployment is "
+                            "gone only when none of them has announced for liveness_timeout."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "scheduler,triggerer",
+                        "default": "scheduler",
+                    },
+                    "liveness_conn_id": {
+                        "description": (
+                            "The neli connection whose broker, namespace, deployment and "
+                            "liveness_timeout the announcer uses (it may be created after the "
+                            "scheduler starts: the announcer retries)."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "neli_us_east_1",
+                        "default": "neli_default",
+                    },
                 },
             }
         },

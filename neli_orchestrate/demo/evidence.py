@@ -36,6 +36,10 @@ from neli_orchestrate.demo.regions import MARKER_ENV, AirflowRegion
 logger = logging.getLogger(__name__)
 
 _TOKEN = re.compile(r"spark\.neli\.token=(\d+)")
+#: The example job's first line once its SparkContext exists (dags/jobs/nycflights_daily.py):
+#: the application's start time (SparkContext.startTime, epoch seconds) and its token.
+_APP_STARTED = re.compile(
+    r"NELI application \S+ started at (\d+(?:\.\d+)?) \(token (\d+), run key ([^)\s]+)\)")
 _LAUNCHER = "org.apache.spark.launcher.Main"
 # member names are "<host>_<pid>_<start>" (core config), optionally "#<suffix>"
 _MEMBER_PID = re.compile(r"_(\d+)_\d+(?:#\w+)?$")
@@ -301,6 +305,16 @@ class DateOutcome:
     sink_token: int | None  # token of the published output (commit marker, last Delta commit)
     #: (Delta version, token) of every commit of the date in the table's history, oldest first
     table_versions: list[tuple[int, int | None]] = field(default_factory=list)
+    #: per fault on this date (as ``takeover_seconds``): seconds from the fault to the start of
+    #: the Spark application (its SparkContext) that ran a token claimed after the fault, the
+    #: job continuing the run; a fault after which no such application started has none
+    running_seconds: list[float] = field(default_factory=list)
+    #: the region of each of those applications (the other region, or the faulted one's own
+    #: Airflow retry)
+    running_in: list[str] = field(default_factory=list)
+    #: per fault: seconds to the first driver JVM (spark-submit) of such a token the observer
+    #: saw (polled every 0.5 s); running minus launch is Spark's own start-up
+    launch_seconds: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -398,6 +412,7 @@ def assess(
     sink_token: Callable[[str], int | None] | None = None,
     table_state: Callable[[str], TableState] | None = None,
     fence_allowance: float = 2.0,
+    app_starts: Callable[[str], Sequence[tuple[str, int, float]]] | None = None,
 ) -> Report:
     """Check one run: duplicates, lost runs, takeover times; see docs/chaos.md for the rules.
 
@@ -408,6 +423,8 @@ def assess(
       problem :func:`check_table` finds in the date's commits and rows.
     - lost: a date without a COMPLETED record.
     ``task_states``: date -> region -> (state of the Spark task, reason) from the orchestrator.
+    ``app_starts``: date -> (region, token, epoch) of each Spark application's start (from the
+    tasks' logs, :func:`application_starts`), for ``running_seconds``.
     """
     by_key: dict[str, list[Any]] = defaultdict(list)
     for record in history:
@@ -468,12 +485,25 @@ def assess(
             duplicates += len(found)
             problems.extend(found)
         takeover_seconds = []
+        running_seconds: list[float] = []
+        running_in: list[str] = []
+        launch_seconds: list[float] = []
+        starts = sorted(app_starts(date), key=lambda a: a[2]) if app_starts else []
         for fault in observer.faults:
             if fault.date != date:
                 continue
             later = [c for c in claims if c[2] > fault.at]
             if later:
                 takeover_seconds.append(round(later[0][2] - fault.at, 3))
+            tokens = {c[1] for c in later}
+            started = [a for a in starts if a[1] in tokens]
+            if started:
+                running_seconds.append(round(started[0][2] - fault.at, 3))
+                running_in.append(started[0][0])
+            launched = [e.start for e in observer.executions
+                        if e.date == date and e.token in tokens]
+            if launched:
+                launch_seconds.append(round(min(launched) - fault.at, 3))
         states = (task_states or {}).get(date, {})
         outcomes.append(
             DateOutcome(
@@ -490,6 +520,9 @@ def assess(
                 overlaps=overlaps,
                 sink_token=published,
                 table_versions=list(table.commits) if table is not None else [],
+                running_seconds=running_seconds,
+                running_in=running_in,
+                launch_seconds=launch_seconds,
             )
         )
     return Report(
@@ -501,6 +534,12 @@ def assess(
         started_at=observer.started_at,
         finished_at=time.time(),
     )
+
+
+def application_starts(log: str) -> list[tuple[int, float]]:
+    """(token, start epoch) of each Spark application start the example job logged in ``log``
+    (a task's log, or spark-submit's output)."""
+    return [(int(m.group(2)), float(m.group(1))) for m in _APP_STARTED.finditer(log)]
 
 
 def kill_tree(pid: int, sig: int) -> list[int]:

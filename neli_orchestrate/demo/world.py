@@ -32,6 +32,7 @@ from neli_orchestrate.demo.evidence import (
     Report,
     Span,
     TableState,
+    application_starts,
     assess,
     kill_tree,
 )
@@ -366,6 +367,21 @@ class World:
                 states.setdefault(date, {})[name] = (state, reason)
         return states
 
+    def application_starts(self, runs: Mapping[str, Mapping[str, str]],
+                           date: str) -> list[tuple[str, int, float]]:
+        """(region, token, start epoch) of every Spark application of ``date`` that started in
+        any try of the Spark task, from the line the job logs once its SparkContext exists."""
+        found = []
+        for name, by_date in runs.items():
+            if date not in by_date:
+                continue
+            region = self.region(name)
+            ti = region.task_instances(DAG_ID, by_date[date]).get(SPARK_TASK) or {}
+            for attempt in range(1, int(ti.get("try_number") or 1) + 1):
+                log = region.task_log(DAG_ID, by_date[date], SPARK_TASK, attempt)
+                found += [(name, token, at) for token, at in application_starts(log)]
+        return found
+
     def fences(self, runs: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str, float]]:
         """(region, date, epoch) of every Spark-task try that failed with a fencing reason."""
         from datetime import datetime
@@ -493,6 +509,7 @@ class World:
             task_states=self.task_states(runs) if runs else None,
             sink_token=self.sink_token if self.settings.sink == "directory" else None,
             table_state=self.table_state if self.settings.sink == "delta" else None,
+            app_starts=(lambda date: self.application_starts(runs, date)) if runs else None,
         )
         return report, history
 

@@ -93,6 +93,45 @@ def test_trigger_keeps_waiting_while_a_claim_elsewhere_is_live(conns, claim_now)
     assert payload["checks"] > 1
 
 
+def test_trigger_fires_at_once_for_the_claim_of_a_deployment_kafka_shows_gone(
+    neli_env, namespace, warm_broker, claim_now
+) -> None:
+    # B claimed and is gone (its liveness member expired): the trigger must not wait out B's
+    # handoff window (300 s) but let the gate resume, which takes the claim over (issue 20).
+    from neli_orchestrate.liveness import (
+        AnnouncerConfig,
+        Liveness,
+        LivenessAnnouncer,
+        LivenessReader,
+    )
+
+    conns = {A: neli_env(A), B: neli_env(B, handoff_timeout=300)}
+    with NeliHook(conns[B]).get_singleton() as other:
+        claim_now(other, ROLE, RUN_KEY)  # (creates the namespace's leader topic)
+        deadline = other.status(ROLE, RUN_KEY).handoff_deadline
+    announcer = LivenessAnnouncer(AnnouncerConfig(
+        bootstrap_servers=warm_broker, namespace=namespace, deployment=B, timeout=1.0,
+        poll_interval=0.1)).start()
+    try:
+        assert announcer.wait_joined(30)
+    finally:
+        announcer.close()  # B is gone: its member expires after 1 s
+    from confluent_kafka.admin import AdminClient
+
+    reader = LivenessReader(AdminClient({"bootstrap.servers": warm_broker}), namespace)
+    end = time.monotonic() + 30
+    while not reader.read(B).gone:
+        assert time.monotonic() < end, "B's liveness member never expired"
+        time.sleep(0.2)
+    trigger = ThreadRecordingTrigger(
+        role=ROLE, run_key=RUN_KEY, neli_conn_id=conns[A], poll_interval=0.5, first_check=0
+    )
+    payload = asyncio.run(first_event(trigger, timeout=60))
+    assert payload["status"] == "leader"
+    assert time.time() < deadline  # within B's handoff window: liveness, not the window
+    assert reader.read(B).state is Liveness.GONE
+
+
 def test_trigger_fires_done_when_the_run_completed(conns, claim_now) -> None:
     with NeliHook(conns[B]).get_singleton() as other:
         reservation = claim_now(other, ROLE, RUN_KEY)

@@ -41,4 +41,7 @@ def test_kill_9_mid_job_is_taken_over_without_duplicates_or_loss(
     (fault,) = trial["report"]["faults"]
     assert fault["kind"] == "kill-mid-job" and fault["pids"], fault
     assert trial["takeover_seconds"], "no new claim after the kill"
+    # the take-over as the user feels it: the new owner's Spark application started, after
+    # its claim (read from the job's start line in the Spark task's log)
+    assert trial["running_seconds"] and trial["running_seconds"][0] > trial["takeover_seconds"][0]
     assert (latest / "kill-mid-job-001.png").read_bytes()[:4] == b"\x89PNG"

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neli_orchestrate.demo.evidence import Fault, Observer, Span, TableState, assess, check_table
+from neli_orchestrate.demo.evidence import (
+    Fault,
+    Observer,
+    Span,
+    TableState,
+    application_starts,
+    assess,
+    check_table,
+)
 
 A, B = "us-east-1", "eu-west-1"
 DATE = "2013-01-01"
@@ -54,6 +62,26 @@ def test_a_clean_takeover_has_no_duplicates_and_no_lost_runs() -> None:
     (outcome,) = report.dates
     assert (outcome.ran_in, outcome.token, outcome.takeovers) == (B, 5, 1)
     assert outcome.takeover_seconds == [10.0]
+
+
+def test_running_time_is_the_fault_to_the_start_of_the_application_of_a_later_claim() -> None:
+    # A's own application (token 1, started before the fault) does not count; B's token 5,
+    # claimed at 20, launched its JVM at 22 and its SparkContext started at 27.5
+    kill = Fault("kill", A, DATE, 10.0)
+    log = ("INFO 2013 INFO nycflights_daily NELI application local-1 started at 27.500 "
+           "(token 5, run key 2013-01-01)\n")
+    assert application_starts(log) == [(5, 27.5)]
+    report = assess(observer([Span(A, DATE, 3.0, 10.0, 1), Span(B, DATE, 22.0, 39.0, 5)],
+                             [kill]),
+                    takeover_history(), [DATE], lambda d: KEY, sink_token=lambda d: 5,
+                    app_starts=lambda d: [(A, 1, 4.0), (B, 5, 27.5)])
+    (outcome,) = report.dates
+    assert (outcome.takeover_seconds, outcome.launch_seconds) == ([10.0], [12.0])
+    assert (outcome.running_seconds, outcome.running_in) == ([17.5], [B])
+    # no application of a later token started (yet): nothing measured, nothing invented
+    report = assess(observer([], [kill]), takeover_history(), [DATE], lambda d: KEY,
+                    sink_token=lambda d: 5, app_starts=lambda d: [(A, 1, 4.0)])
+    assert report.dates[0].running_seconds == [] == report.dates[0].launch_seconds
 
 
 def test_two_completions_of_one_run_key_are_a_duplicate() -> None:

@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from collections import defaultdict
 from pathlib import Path
@@ -128,6 +129,11 @@ def test_job_publishes_daily_performance_then_refuses_a_stale_token(tmp_path: Pa
     first = submit(output, cache, token=5)
 
     assert first.returncode == 0, first.stderr[-5000:]
+    # the application's start, as the chaos suite reads it (demo.evidence.application_starts)
+    from neli_orchestrate.demo.evidence import application_starts
+
+    (started,) = application_starts(first.stdout)
+    assert started[0] == 5 and 0 < time.time() - started[1] < 600
     published = output / f"date={DATE}"
     marker = json.loads((published / MARKER_NAME).read_text())
     assert (marker["token"], marker["run_key"], marker["role"], marker["deployment"]) == (

@@ -184,9 +184,12 @@ class NeliLeadershipTrigger(BaseTrigger):
 
 
 def _decide(singleton: Any, hook: Any, record: Any) -> Any:
-    """What the decision table says about ``record`` for this deployment, right now."""
+    """What the decision table says about ``record`` for this deployment, right now, with the
+    claiming deployment's liveness as the gate reads it: a gone deployment's claim or failed
+    try is not waited for (the resumed gate decides again, and takes it over)."""
     from neli_orchestrate.decision import Claimant, decide
 
     policy = singleton.config.policy
     me = Claimant(deployment=hook.deployment, member=f"{hook.deployment}-trigger")
-    return decide(record, me, now=time.time(), policy=policy)
+    return decide(record, me, now=time.time(), policy=policy,
+                  liveness=singleton._liveness_of(record, me))
