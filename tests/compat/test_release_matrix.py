@@ -1,7 +1,8 @@
 """The compatibility job inside the test command: the release-dependent broker tests
 (``selection.py``) against the oldest supported 3.x and the newest 4.x.
 
-Each release runs in its own pytest process, because the session's broker is one release;
+Each release runs in its own pytest process, because the session's broker is one release
+(all releases at once: they mostly wait on broker timeouts);
 ``bash .ci/compat VERSION`` runs the same selection by hand. A release whose jars cannot be
 fetched or whose broker cannot start fails here, like every other broker test.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,19 +24,41 @@ import selection  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(scope="module")
+def release_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, tuple[Any, Path]]]:
+    """Every release's nested run, started at once: they mostly wait on the brokers' timeouts,
+    so side by side they take the time of one (the CI budget) and each still has its own
+    broker."""
+    runs: dict[str, tuple[Any, Path]] = {}
+    for version in selection.VERSIONS:
+        tmp = tmp_path_factory.mktemp(f"kafka-{version}")
+        env = {**os.environ, "NELI_TEST_KAFKA_VERSION": version}
+        env.pop("NELI_TEST_BOOTSTRAP_SERVERS", None)  # this release's own broker, never a given one
+        log = tmp / f"kafka-{version}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                # its own basetemp: the nested session must not rotate this session's tmp dirs
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                 "--durations=0", f"--basetemp={tmp / 'nested'}", *selection.node_ids(version)],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        runs[version] = (proc, log)
+    yield runs
+    for proc, _ in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.kafka
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("version", selection.VERSIONS)
-def test_release_dependent_tests_pass_on(version: str, tmp_path: Path) -> None:
-    env = {**os.environ, "NELI_TEST_KAFKA_VERSION": version}
-    env.pop("NELI_TEST_BOOTSTRAP_SERVERS", None)  # this release's own broker, never a given one
-    log = tmp_path / f"kafka-{version}.log"
-    with log.open("w") as out:
-        done = subprocess.run(
-            # its own basetemp: the nested session must not rotate this session's tmp dirs
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             f"--basetemp={tmp_path / 'nested'}", *selection.node_ids(version)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
+def test_release_dependent_tests_pass_on(
+    version: str, release_runs: dict[str, tuple[Any, Path]]
+) -> None:
+    proc, log = release_runs[version]
+    returncode = proc.wait(1400)
     text = log.read_text()
-    assert done.returncode == 0, f"Kafka {version}: exit {done.returncode}\n{text[-6000:]}"
+    assert returncode == 0, f"Kafka {version}: exit {returncode}\n{text[-6000:]}"
     assert " passed" in text.splitlines()[-1], text[-2000:]
