@@ -112,3 +112,21 @@ def test_the_index_lists_the_guide_and_the_internals() -> None:
 def test_every_page_is_in_the_guide_or_the_internals() -> None:
     loose = [p.name for p in DOCS.iterdir() if p.is_file() and p.name != "README.md"]
     assert loose == [], "a page belongs in docs/guide/ (users) or docs/internals/ (contributors)"
+
+
+def test_where_things_live_names_every_part_of_the_tree() -> None:
+    """The table at the top of development.md has a row for every module and subpackage of
+    the package and every folder of integration/: a newcomer finds the room for any change."""
+    text = (DOCS / "internals" / "development.md").read_text()
+    table = text[text.index("## Where things live"):]
+    table = table[:table.index("\n\n", table.index("| to change"))]
+    package = REPO / "neli_orchestrate"
+    parts = [f"neli_orchestrate/{p.name}/" if p.is_dir() else f"neli_orchestrate/{p.name}"
+             for p in package.iterdir()
+             if p.name not in ("__init__.py", "py.typed", "__pycache__")
+             and (p.suffix == ".py" or (p / "__init__.py").exists())]
+    parts += [f"integration/{p.name}/" for p in (REPO / "integration").iterdir()
+              if p.is_dir() and p.name != "__pycache__"]
+    missing = [part for part in sorted(parts)
+               if f"`{part}" not in table and f"`{part.rstrip('/')}`" not in table]
+    assert missing == []
