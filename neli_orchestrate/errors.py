@@ -30,7 +30,7 @@ class FencedError(NeliError):
         self.token = token
         #: True when no later try can run the run key (attempt limit reached, or the token is
         #: no claim of this ledger): only a reset helps. Otherwise a fence fails one try, and
-        #: a retry decides again from the ledger (docs/guarantees.md).
+        #: a retry decides again from the ledger (docs/guide/guarantees.md).
         self.final = final
 
 

@@ -13,7 +13,7 @@ The front doors are built from these declarations, not beside them: the Airflow 
 (:data:`neli_orchestrate.airflow.provider.CONN_FIELDS`) and :class:`NeliHook
 <neli_orchestrate.airflow.hooks.neli.NeliHook>`, the Dagster resource's fields
 (:class:`~neli_orchestrate.dagster.NeliResource`, through :func:`field`), the command line's
-options and docs/configuration.md. tests/test_settings.py fails when one of them drifts.
+options and docs/guide/configuration.md. tests/test_settings.py fails when one of them drifts.
 
 The protocol underneath (:class:`~neli_orchestrate.core.NeliConfig`,
 :class:`~neli_orchestrate.singleton.SingletonConfig`) stays plain dataclasses: it holds many

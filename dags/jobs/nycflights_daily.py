@@ -7,7 +7,8 @@ A spark-submit application::
         --conf spark.neli.role=daily_flights --conf spark.neli.deployment=us-east-1 \\
         dags/jobs/nycflights_daily.py --date 2013-01-05 --output /data/daily_performance
 
-    # the same into a Delta table (the jars from ensure_table_format_jars(), see docs/spark.md)
+    # the same into a Delta table (the jars from ensure_table_format_jars(), see
+    # docs/guide/spark.md)
     spark-submit ... --jars "$DELTA_JARS" dags/jobs/nycflights_daily.py \\
         --date 2013-01-05 --output /lake/daily_performance --sink delta
 
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     context = spark.sparkContext
     # When the application started (the SparkContext's own start time, as in Spark's
     # ApplicationStart event): the chaos suite reads this line from the task log to time a
-    # take-over as the user feels it (docs/chaos.md).
+    # take-over as the user feels it (docs/internals/chaos.md).
     logger.info("NELI application %s started at %.3f (token %s, run key %s)",
                 context.applicationId, context.startTime / 1000,
                 spark.conf.get("spark.neli.token", "-"), spark.conf.get("spark.neli.run_key", "-"))

@@ -1,4 +1,4 @@
-"""Every table of docs/performance.md, one benchmark after the other (about 20 minutes).
+"""Every table of docs/internals/performance.md, one benchmark after the other (about 20 minutes).
 
 Usage::
 

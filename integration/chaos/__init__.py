@@ -1,1 +1,4 @@
-"""Chaos suite: faults against real Airflow regions and a real Kafka broker (docs/chaos.md)."""
+"""Chaos suite: faults against real Airflow regions and a real Kafka broker.
+
+See docs/internals/chaos.md.
+"""

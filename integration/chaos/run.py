@@ -30,7 +30,7 @@ wait for every run to end, and check (neli_orchestrate.demo.evidence):
 
 Each trial writes ``<out>/<scenario>-<n>.json`` and ``.png`` (timeline); the run writes
 ``<out>/summary.json`` and ``summary.md``. Exit status 1 when any trial has a duplicate, a lost
-run or a missing fence. See docs/chaos.md for the scenarios and the latest results.
+run or a missing fence. See docs/internals/chaos.md for the scenarios and the latest results.
 """
 
 from __future__ import annotations

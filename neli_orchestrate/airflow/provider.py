@@ -182,10 +182,11 @@ def get_provider_info() -> dict[str, Any]:
                     "liveness": {
                         "description": (
                             "Announce this deployment's liveness in Kafka from the scheduler "
-                            "(a listener spawns one announcer process; docs/guarantees.md), so "
-                            "other deployments take its unfinished claims over within "
-                            "liveness_timeout once it is gone. On by default; False turns it "
-                            "off (other deployments then wait handoff_timeout for its claims)."
+                            "(a listener spawns one announcer process; "
+                            "docs/guide/guarantees.md), so other deployments take its "
+                            "unfinished claims over within liveness_timeout once it is gone. On "
+                            "by default; False turns it off (other deployments then wait "
+                            "handoff_timeout for its claims)."
                         ),
                         "version_added": "0.1.0",
                         "type": "boolean",

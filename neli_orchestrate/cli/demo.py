@@ -12,7 +12,7 @@ import click
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def demo(args: tuple[str, ...]) -> int:
-    """Run the two-region demo (options: neli-orchestrate demo --help; see docs/demo.md)."""
+    """Run the two-region demo (options: neli-orchestrate demo --help; see docs/guide/demo.md)."""
     # The demo keeps its own argparse options so `python -m neli_orchestrate.demo` and this
     # command take the same flags; it needs the airflow and spark extras, imported only here.
     from neli_orchestrate.demo import main

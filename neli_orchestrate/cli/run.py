@@ -21,7 +21,7 @@ deployment leads again.
 A guard process (:data:`_GUARD_SOURCE`) outlives a frozen or killed runner: the runner pings it
 while it holds the claim; when the pings stop for the member's ``heartbeat_timeout`` (SIGSTOP,
 kill -9 of the runner) the guard stops COMMAND's process group, so it is gone before a successor
-can lead (after the session timeout). docs/run.md describes the exit statuses and the run-key
+can lead (after the session timeout). docs/guide/run.md describes the exit statuses and the run-key
 templates.
 """
 
@@ -385,7 +385,7 @@ def _result(as_json: bool, data: dict[str, Any], text: str | None, *, err: bool 
 
 def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
              command: Sequence[str], as_json: bool) -> int:
-    """The one-shot form: the exit status (see the module docstring and docs/run.md)."""
+    """The one-shot form: the exit status (see the module docstring and docs/guide/run.md)."""
     from neli_orchestrate.decision import Outcome
 
     base = {"role": settings.role, "run_key": run_key, "deployment": settings.deployment}

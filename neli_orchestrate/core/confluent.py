@@ -411,7 +411,7 @@ class _ConfluentAdmin:
         if authorization_denied(code):
             return AuthorizationError(
                 f"{what} was denied by the broker ({code}): {fix or 'grant the ACL it needs'};"
-                f" docs/security.md lists every ACL a member needs")
+                f" docs/guide/security.md lists every ACL a member needs")
         if code in ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_RESOLVE", ""):
             hint = (f"is the cluster at bootstrap.servers={self._servers!r} running and "
                     f"reachable (listeners, DNS, firewall, security settings)?")
@@ -444,7 +444,7 @@ class _ConfluentAdmin:
             if is_authorization_error(exc):
                 raise AuthorizationError(
                     f"{what} was denied ({exc}): grant READ (or DESCRIBE) on it;"
-                    f" docs/security.md lists every ACL") from exc
+                    f" docs/guide/security.md lists every ACL") from exc
             raise KafkaUnavailableError(
                 f"cannot describe consumer group {group_id!r} at {self._servers}: {exc}"
             ) from exc
@@ -488,7 +488,7 @@ class _ConfluentAdmin:
                 raise AuthorizationError(
                     f"the broker denied describing topic {topic!r} "
                     f"(TOPIC_AUTHORIZATION_FAILED): grant the member's principal READ and "
-                    f"WRITE on it (they imply DESCRIBE); docs/security.md lists every ACL")
+                    f"WRITE on it (they imply DESCRIBE); docs/guide/security.md lists every ACL")
             raise KafkaUnavailableError(
                 f"the cluster at {self._servers!r} refused to describe topic {topic!r}: "
                 f"{meta.error.str()}"

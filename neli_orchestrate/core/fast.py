@@ -5,7 +5,7 @@ partition and reads them back. It leads while it owns the partition and its *own
 heartbeat, and its newest accepted offset commit (proof of group membership, see
 :mod:`neli_orchestrate.core.state`), are younger than ``heartbeat_timeout``. Records of anyone
 else never count, so no other member, stale or forged, can make it lead. See
-``docs/protocol.md``.
+``docs/internals/protocol.md``.
 """
 
 from __future__ import annotations

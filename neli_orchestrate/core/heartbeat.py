@@ -8,7 +8,7 @@ follower must take only its own group's hints and heartbeats as news of its lead
 (:func:`group_tag`). Records without the field (older writers) count for every group.
 A release hint (``{"neli":1,"hint":"released",...}``) says "the member that led this partition
 has left the group": followers that read it ask the coordinator for their assignment at once.
-It is never evidence of anything (see ``docs/protocol.md``, "Release hints").
+It is never evidence of anything (see ``docs/internals/protocol.md``, "Release hints").
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ and role (``acme`` + ``billing.daily`` and ``acme.billing`` + ``daily`` would ot
 group ``acme.billing.daily``), nor ``:``, the separator of transactional ids. Roles may contain
 anything but the reserved prefix ``deployment.``: everything after the namespace's first ``.`` is
 the role, and ``<namespace>.deployment.<name>`` is deployment ``name``'s liveness group
-(:mod:`neli_orchestrate.liveness`). See docs/upgrading.md for namespaces that contained a dot
+(:mod:`neli_orchestrate.liveness`). See docs/guide/upgrading.md for namespaces that contained a dot
 before.
 """
 
@@ -102,7 +102,7 @@ def derive(namespace: object, *, ledger_topic: str | None = None) -> Namespace:
             f"in group ids: namespace 'acme' with role 'billing.daily' and namespace "
             f"'acme.billing' with role 'daily' would share one consumer group. Use '-' or '_' "
             f"instead (e.g. {namespace.replace('.', '-')!r}); to keep an existing ledger pass "
-            f"ledger_topic={namespace + '.ledger'!r} (see docs/upgrading.md)"
+            f"ledger_topic={namespace + '.ledger'!r} (see docs/guide/upgrading.md)"
         )
     if not _LEGAL_NAMESPACE.match(namespace) or len(namespace) > _MAX_LENGTH:
         raise ConfigError(

@@ -11,7 +11,7 @@ Usage::
 Fast NELI (the default, exclusive): the member that the group coordinator assigns a role's
 partition writes heartbeats to that partition and reads them back; it leads while it owns the
 partition and its *own* newest heartbeat, and its newest accepted offset commit (proof of
-group membership), are younger than ``heartbeat_timeout``. See ``docs/protocol.md``.
+group membership), are younger than ``heartbeat_timeout``. See ``docs/internals/protocol.md``.
 
 Release hints (Fast NELI, ``release_hints=True``, KIP-848 groups): a member that closes tells
 its followers, which then ask the coordinator for the partition at once; the hint grants
@@ -141,7 +141,7 @@ class Neli:
     client reject.
 
     .. note:: Leadership is only as good as the stated timing assumptions (see
-       ``docs/protocol.md``): a check that passes can be stale by the time work starts.
+       ``docs/internals/protocol.md``): a check that passes can be stale by the time work starts.
        Guard side effects with a fencing token (the run ledger) when exactly-once matters.
     """
 
@@ -545,7 +545,7 @@ class Neli:
         return AuthorizationError(
             f"Kafka denied member {self._member_id} ({code}: {message}): its principal needs "
             f"READ on consumer group {r.group_id!r} and READ and WRITE on leader topic "
-            f"{r.topic!r} (kafka-acls --add ...; docs/security.md lists every ACL)")
+            f"{r.topic!r} (kafka-acls --add ...; docs/guide/security.md lists every ACL)")
 
     def _raise_if_fatal(self) -> None:
         if self._fatal is not None:

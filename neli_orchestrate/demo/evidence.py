@@ -414,7 +414,7 @@ def assess(
     fence_allowance: float = 2.0,
     app_starts: Callable[[str], Sequence[tuple[str, int, float]]] | None = None,
 ) -> Report:
-    """Check one run: duplicates, lost runs, takeover times; see docs/chaos.md for the rules.
+    """Check one run: duplicates, lost runs, takeover times; docs/internals/chaos.md has the rules.
 
     - duplicate: a run key COMPLETED more than once; two Spark executions of one date that
       overlap in time for longer than ``fence_allowance`` while neither was frozen (a frozen

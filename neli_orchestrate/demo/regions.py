@@ -24,9 +24,9 @@ default); ``"environment"`` passes them as ``AIRFLOW_CONN_*`` variables instead.
 of a region shares one explicit ``AIRFLOW__CORE__FERNET_KEY``: components started at once in a
 home without ``airflow.cfg`` race to write it, and only the winner would get a key, so a
 connection stored encrypted by one process was unreadable ("conn_id ... isn't defined") by the
-others (docs/demo.md).
+others (docs/guide/demo.md).
 
-Cost, measured on 2 cores (see docs/airflow.md): the database is migrated once per Airflow
+Cost, measured on 2 cores (see docs/guide/airflow.md): the database is migrated once per Airflow
 version into a cached template (~6 s) and copied; ``dags reserialize`` (~5 s) replaces a
 running dag-processor; api-server + scheduler + triggerer are healthy ~20-30 s after start.
 

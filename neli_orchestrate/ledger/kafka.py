@@ -94,7 +94,7 @@ class KafkaLedgerConfig:
     #: Seconds for init_transactions, commit and admin requests.
     request_timeout: float = 10.0
     #: Continue each replay from where the last one of the role stopped (in this process, or
-    #: in a file on this host), when that is provably safe (docs/ledger.md, "Replay cache");
+    #: in a file on this host), when that is provably safe (docs/guide/ledger.md, "Replay cache");
     #: False replays every role from offset 0 every time.
     replay_cache: bool = True
     #: Directory of the per-host replay cache files (one per role; private to the user). None:
@@ -304,7 +304,7 @@ class KafkaLedger:
             if code == _kafka().KafkaError.TOPIC_AUTHORIZATION_FAILED:
                 raise AuthorizationError(
                     f"not authorized to describe ledger topic {self.config.topic!r}: grant the"
-                    " principal READ and WRITE on it (they imply DESCRIBE); docs/security.md"
+                    " principal READ and WRITE on it (they imply DESCRIBE); docs/guide/security.md"
                 )
             return None
         return len(topic.partitions)
@@ -340,7 +340,7 @@ class KafkaLedger:
                     f"not allowed to create ledger topic {self.config.topic!r} ({exc}); grant"
                     f" CREATE on it, or create it yourself with cleanup.policy=compact and"
                     f" {self.config.partitions} partition(s) and set create_topic=False;"
-                    " docs/security.md"
+                    " docs/guide/security.md"
                 ) from exc
             if code == ck.KafkaError.POLICY_VIOLATION:
                 raise KafkaUnavailableError(
@@ -420,7 +420,7 @@ class KafkaLedger:
                 raise AuthorizationError(
                     f"init_transactions for role {role!r} was denied ({err.name()}): grant WRITE"
                     f" on transactional id {self.config.transactional_id(role)!r} (a PREFIXED"
-                    f" rule on {self.config.prefix!r} covers every role); docs/security.md"
+                    f" rule on {self.config.prefix!r} covers every role); docs/guide/security.md"
                 ) from exc
             raise KafkaUnavailableError(
                 f"init_transactions for role {role!r} failed: {exc}{hint}"
@@ -574,7 +574,7 @@ class KafkaLedger:
                         if _denied(error):
                             raise AuthorizationError(
                                 f"replaying ledger topic {self.config.topic!r} was denied"
-                                f" ({error.name()}): grant READ on it; docs/security.md"
+                                f" ({error.name()}): grant READ on it; docs/guide/security.md"
                             )
                         raise KafkaUnavailableError(
                             f"replaying ledger partition {partition}: {error}"
@@ -652,7 +652,7 @@ class KafkaLedger:
                 if _denied(exc):
                     raise AuthorizationError(
                         f"reading the high watermark of ledger topic {tp.topic!r} was denied"
-                        f" ({exc}): grant READ on it (implies DESCRIBE); docs/security.md"
+                        f" ({exc}): grant READ on it (implies DESCRIBE); docs/guide/security.md"
                     ) from exc
                 raise KafkaUnavailableError(
                     f"cannot read the high watermark of ledger partition"
@@ -809,7 +809,7 @@ class KafkaLedgerWriter:
             raise AuthorizationError(
                 f"ledger write for role {self._role!r} was denied, nothing written"
                 f" ({err.name()}): grant WRITE on ledger topic {self._ledger.config.topic!r}"
-                f" and on transactional id {self.transactional_id!r}; docs/security.md"
+                f" and on transactional id {self.transactional_id!r}; docs/guide/security.md"
             ) from exc
         if err is not None and err.code() in _fencing_codes():
             self._dead = "fenced"

@@ -1,6 +1,6 @@
 """Simulated Kafka broker: group coordinator, transaction coordinator and partition logs.
 
-Modelled after what the protocol relies on in Kafka (FACTS.md), nothing more:
+Modelled after what the protocol relies on in Kafka (docs/internals/protocol.md), nothing more:
 
 - **Consumer groups** (one per role, one partition): a member stays in the group while its
   session heartbeats arrive within ``session_timeout``; the partition is sticky

@@ -87,8 +87,8 @@ class Member:
     ``t < min(H, M) + heartbeat_timeout``, where H is the send time of the newest own heartbeat
     read back and M the send time of the newest group request that proved membership (the
     core uses offset commits; here the session heartbeat's acknowledgement), and no revoke
-    barrier is past its deadline (docs/protocol.md, "Leadership rule"). Times are the member's
-    own monotonic clock.
+    barrier is past its deadline (docs/internals/protocol.md, "Leadership rule"). Times are the
+    member's own monotonic clock.
     """
 
     def __init__(self, sim: Simulation, proc: Proc, role: str) -> None:
@@ -288,7 +288,10 @@ class Member:
         self.sim.release_hint(self)
 
     def on_hint(self, sender: str) -> None:
-        """A release hint (docs/protocol.md, section 5): ask the coordinator now. A nudge only."""
+        """A release hint (docs/internals/protocol.md, section 5): ask the coordinator now.
+
+        A nudge only.
+        """
         if not self.active or not self.proc.alive or self.proc.paused:
             return
         kernel = self.sim.kernel

@@ -71,7 +71,7 @@ class SingletonConfig:
     ledger_partitions: int = 1
     #: Continue ledger replays from a checkpoint (in memory and a file per role on this host)
     #: when safe, instead of reading the role's partition from offset 0 on every claim
-    #: (``KafkaLedgerConfig.replay_cache``; docs/ledger.md, "Replay cache").
+    #: (``KafkaLedgerConfig.replay_cache``; docs/guide/ledger.md, "Replay cache").
     ledger_replay_cache: bool = True
     #: Directory of the replay cache files (None: ``$XDG_CACHE_HOME/neli-orchestrate/ledger``;
     #: an empty string: memory only).

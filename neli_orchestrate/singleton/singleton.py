@@ -23,7 +23,7 @@ Pass ``metrics=`` (a :data:`~neli_orchestrate.metrics.MetricsHook`) to count cla
 takeovers, fences and leadership changes and to time leadership acquisition.
 
 .. note:: Exactly-once holds for the ledger and for token-checked sinks. A job that writes
-   elsewhere must be idempotent for the narrow windows described in ``docs/guarantees.md``
+   elsewhere must be idempotent for the narrow windows described in ``docs/guide/guarantees.md``
    (e.g. a fence that arrives after the external write but before ``COMPLETED`` is recorded).
 """
 

@@ -163,7 +163,7 @@ class ApplicationNotStopped(RuntimeError):  # noqa: N818 - reads as what happene
         super().__init__(
             f"could not confirm that {application} stopped ({detail}): it may still be "
             f"running. Check it on the cluster manager and kill it if so; a successor's "
-            f"output is protected only by the token-checked sink (docs/spark.md)"
+            f"output is protected only by the token-checked sink (docs/guide/spark.md)"
         )
 
 

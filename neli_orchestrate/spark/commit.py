@@ -44,7 +44,7 @@ What this guarantees on one POSIX filesystem, for writers that all go through th
 What it does *not* guarantee:
 
 - Object stores (S3, GCS, ABFS) have no atomic directory rename and no ``flock``; see
-  ``docs/spark.md`` for conditional writes and table-format commits.
+  ``docs/guide/spark.md`` for conditional writes and table-format commits.
 - NFS and other network filesystems: ``flock`` across machines depends on the server's lock
   manager; do not rely on it.
 - A writer paused *while holding the lock* after passing the check publishes when it resumes;
@@ -183,7 +183,7 @@ def _root_path(root: str | os.PathLike[str]) -> Path:
             raise ConfigError(
                 f"root {text!r} is not a local path: the token commit guard needs a POSIX "
                 "filesystem (atomic rename and flock). For object stores use conditional writes "
-                "or a table format's commit; see docs/spark.md"
+                "or a table format's commit; see docs/guide/spark.md"
             )
     return Path(text).absolute()
 

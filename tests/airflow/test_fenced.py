@@ -496,11 +496,11 @@ def test_execution_timeout_stops_the_work_before_failed_is_recorded_and_the_grou
 
 
 def test_the_docs_say_what_a_fence_raises() -> None:
-    # docs/airflow.md once said a fence raised AirflowFailException "without retries" while the
-    # code raised a retryable AirflowException (the tests above pin the code's choice).
+    # docs/guide/airflow.md once said a fence raised AirflowFailException "without retries" while
+    # the code raised a retryable AirflowException (the tests above pin the code's choice).
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "airflow.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "airflow.md").read_text()
     fenced_task = text[text.index("### The fenced task"):]
     fenced_task = fenced_task[:fenced_task.index("\n## ")]
     assert "without retries" not in fenced_task

@@ -350,9 +350,9 @@ def _gone(pid: int) -> bool:
 def test_sigterm_stops_the_stock_bash_work_before_the_singleton_records_failed(
     tmp_path: Path, fake: Any
 ) -> None:
-    # Airflow 3's task runner handles SIGTERM by calling on_kill() only (FACTS.md); a fenced
-    # task chains to that handler, then fails the work, and everything the work started is
-    # gone before the singleton hears of the failure.
+    # Airflow 3's task runner handles SIGTERM by calling on_kill() only
+    # (docs/internals/airflow-development.md); a fenced task chains to that handler, then fails
+    # the work, and everything the work started is gone before the singleton hears of the failure.
     import signal
 
     pid_file = tmp_path / "pid"

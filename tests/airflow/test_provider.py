@@ -119,7 +119,7 @@ def test_airflow_providers_list_shows_the_provider(tmp_path: Path) -> None:
 
 
 def test_the_user_guides_first_example_is_the_dag_file_the_tests_run() -> None:
-    guide = (REPO / "docs" / "airflow.md").read_text()
+    guide = (REPO / "docs" / "guide" / "airflow.md").read_text()
     example = guide.split("```python\n", 1)[1].split("```", 1)[0].strip()
     dag_file = (REPO / "dags" / "stock_downstream.py").read_text()
     assert example and example in dag_file

@@ -6,7 +6,7 @@ integration/airflow/harness.py) and the session's Kafka broker. A plain-Python d
 page; the Airflow deployment ("us-east-1") runs a gate and the stock task it fences, whose
 "NELI run" extra links must lead to that run's ledger entry.
 
-Set ``NELI_UPDATE_SCREENSHOT=1`` to refresh docs/images/airflow-neli-page.png.
+Set ``NELI_UPDATE_SCREENSHOT=1`` to refresh docs/guide/images/airflow-neli-page.png.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.kafka]
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PLUGIN = "neli_orchestrate.airflow.plugins.leadership:NeliPlugin"
-SCREENSHOT = REPO / "docs" / "images" / "airflow-neli-page.png"
+SCREENSHOT = REPO / "docs" / "guide" / "images" / "airflow-neli-page.png"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 HELD_ROLE, DAG_ROLE = "ui_hourly", "ui_daily"

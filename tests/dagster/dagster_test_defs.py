@@ -247,7 +247,7 @@ defs = dg.Definitions(
         "neli": neli_resource(),
         "spark": TestSpark(),
         # Storage every deployment reads: where a partition is materialized by proxy, its
-        # downstream assets load the value the running deployment stored (docs/dagster.md).
+        # downstream assets load the value the running deployment stored (docs/guide/dagster.md).
         "io_manager": dg.FilesystemIOManager(
             base_dir=str(Path(os.environ.get("NELI_TEST_DIR", tempfile.gettempdir())) / "io")
         ),

@@ -1,6 +1,6 @@
 """The Dagster guide's examples are the files the tests run, verbatim.
 
-A code block preceded by ``<!-- excerpt: PATH -->`` in docs/dagster.md must appear as is in
+A code block preceded by ``<!-- excerpt: PATH -->`` in docs/guide/dagster.md must appear as is in
 PATH (relative to the repository), so the guide cannot drift from the tested code.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-GUIDE = REPO / "docs" / "dagster.md"
+GUIDE = REPO / "docs" / "guide" / "dagster.md"
 EXCERPT = re.compile(r"<!-- excerpt: (?P<path>\S+) -->\n```python\n(?P<code>.*?)```", re.DOTALL)
 
 pytestmark = [pytest.mark.dagster]
@@ -29,4 +29,5 @@ def test_the_guide_quotes_the_example_and_the_tested_job() -> None:
 
 @pytest.mark.parametrize(("path", "code"), _excerpts(), ids=lambda value: value[:40])
 def test_every_excerpt_in_the_guide_is_in_its_file(path: str, code: str) -> None:
-    assert code in (REPO / path).read_text(), f"docs/dagster.md quotes {path} wrongly:\n{code}"
+    assert code in (REPO / path).read_text(), (
+        f"docs/guide/dagster.md quotes {path} wrongly:\n{code}")

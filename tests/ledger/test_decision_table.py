@@ -1,4 +1,5 @@
-"""The decision table of DESIGN.md, one test per row, the claim check, and a stateful model."""
+"""The decision table of neli_orchestrate/decision.py, one test per row, the claim check, and a
+stateful model."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The chaos suite's kill -9 scenario, as CI runs it: one trial, zero duplicates, zero lost.
 
-The full suite (every scenario, many trials) runs outside CI: docs/chaos.md.
+The full suite (every scenario, many trials) runs outside CI: docs/internals/chaos.md.
 """
 
 from __future__ import annotations

@@ -75,9 +75,10 @@ def test_demo_runs_each_date_once_through_a_kill_and_draws_the_timeline(
 def check_asset_events(report: dict) -> None:  # type: ignore[type-arg]
     """The table's asset event column (``report["asset_events"]``, read from each region's
     REST API): the runner's own event and, in every other region, an event by proxy, each
-    naming the runner and the ledger's token. The one exception is the known gap (docs/airflow.md):
-    the killed region, when its gate had claimed the date and its task's retry then found it
-    completed elsewhere (skipped tasks emit no event), has none for that date."""
+    naming the runner and the ledger's token. The one exception is the known gap
+    (docs/guide/airflow.md): the killed region, when its gate had claimed the date and its task's
+    retry then found it completed elsewhere (skipped tasks emit no event), has none for that
+    date."""
     (kill,) = report["faults"]
     for outcome in report["dates"]:
         events = report["asset_events"][outcome["date"]]

@@ -1,6 +1,6 @@
 """Connections created in a region's metadata database are readable by its tasks, in every region.
 
-Regression for the harness race (docs/demo.md): components started at once in a fresh home
+Regression for the harness race (docs/guide/demo.md): components started at once in a fresh home
 without ``airflow.cfg`` raced to write it, and only the winner got a Fernet key; a connection
 added later through the CLI or REST API (extra stored encrypted) was then "not defined" for the
 others. Every region now has one explicit key for all its processes.

@@ -169,7 +169,7 @@ def test_each_missing_acl_fails_at_once_naming_what_to_grant(
     message = str(denied.value)
     assert operation.upper() in message, message
     assert missing.name.rstrip(".:") in message, message
-    assert "docs/security.md" in message
+    assert "docs/guide/security.md" in message
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "another member leads" not in logged
     assert_no_secret(principal["sasl.password"], message, logged)

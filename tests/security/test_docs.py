@@ -1,4 +1,4 @@
-"""docs/security.md shows the ACLs the code requires, for its example namespace, no more."""
+"""docs/guide/security.md shows the ACLs the code requires, for its example namespace, no more."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from neli_orchestrate import NeliConfig, SingletonConfig
 from neli_orchestrate.acls import required_acls
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "guide" / "security.md"
 
 
 def test_the_kafka_acls_commands_in_the_docs_are_what_required_acls_gives() -> None:

@@ -1,4 +1,4 @@
-"""``doctor`` and docs/security.md agree: the documented ACLs pass its tried checks."""
+"""``doctor`` and docs/guide/security.md agree: the documented ACLs pass its tried checks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Bounded exhaustive exploration: every interleaving of a small scope keeps the invariants,
-and the mutations the seeded simulation catches are caught here too (docs/simulation.md)."""
+and the mutations the seeded simulation catches are caught here too
+(docs/internals/simulation.md)."""
 
 from __future__ import annotations
 

@@ -466,6 +466,6 @@ def test_invalid_arguments_are_config_errors(tmp_path: Path, kwargs: dict, match
 
 
 def test_object_store_root_is_refused_with_a_pointer_to_the_docs() -> None:
-    with pytest.raises(ConfigError, match="docs/spark.md"):
+    with pytest.raises(ConfigError, match="docs/guide/spark.md"):
         TokenCommitGuard("s3a://bucket/daily_performance")
     assert TokenCommitGuard("file:///tmp/x").root == Path("/tmp/x")

@@ -426,7 +426,7 @@ def airflow(environ: dict[str, str], *args: str, timeout: float = 300) -> str:
 def test_reset_and_clear_of_a_completed_date_submits_a_new_application_with_the_new_token(
     tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path
 ) -> None:
-    # What docs/airflow.md tells users to do to run a completed date again: reset the run key
+    # What docs/guide/airflow.md tells users to do to run a completed date again: reset the run key
     # (neli-orchestrate ledger reset), then clear the gate and the task in the same DAG run. The
     # stock SparkSubmitOperator is a resumable job that keeps its driver id in the DAG run's
     # task_state_store across a clear; the new claim must not resume it (nor return at once for

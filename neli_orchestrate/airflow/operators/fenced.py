@@ -649,7 +649,7 @@ def _fence_child_of(gate: Any) -> None:
         raise UnfenceableTaskError(
             f"{what} is mapped (.expand): its map indexes would share one claim. Run the items "
             "inside one task, or give each item its own DAG run or gate (run_key naming the "
-            "item); see docs/airflow.md, 'Mapped tasks'"
+            "item); see docs/guide/airflow.md, 'Mapped tasks'"
         )
     if getattr(child, "deferrable", False) is True or getattr(child, "start_from_trigger", False):
         raise UnfenceableTaskError(

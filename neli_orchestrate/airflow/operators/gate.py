@@ -26,7 +26,7 @@ Every deployment runs the same DAG. For each run the gate asks the run ledger (t
 .. note:: The gate waits at most ``timeout`` seconds (sensor semantics; default from
    ``[sensors] default_timeout``) and then fails, which leaves the run for a later retry or a
    manual clear of the gate. It does not skip on timeout. A COMPLETED run is re-run only after
-   ``neli-orchestrate ledger reset ROLE RUN_KEY --reason ...`` (docs/airflow.md, "Re-running a
+   ``neli-orchestrate ledger reset ROLE RUN_KEY --reason ...`` (docs/guide/airflow.md, "Re-running a
    date").
 """
 
