@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger import LedgerRecord, Replay, RunState
+from neli_orchestrate.ledger.record import LedgerRecord, RunState
+from neli_orchestrate.ledger.replay import Replay
 from neli_orchestrate.liveness import DeploymentLiveness
 
 __all__ = [

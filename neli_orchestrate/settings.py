@@ -117,8 +117,8 @@ class ClusterSettings(BaseModel):
     def ledger_config(self) -> Any:
         """The :class:`~neli_orchestrate.ledger.KafkaLedgerConfig` of a ledger reader: the
         namespace's topic and writers' prefix, never creating the topic."""
-        from neli_orchestrate.ledger import KafkaLedgerConfig
-        from neli_orchestrate.singleton import ledger_client_settings
+        from neli_orchestrate.ledger.kafka import KafkaLedgerConfig
+        from neli_orchestrate.singleton.config import ledger_client_settings
 
         names = self.names
         return KafkaLedgerConfig(
@@ -239,7 +239,7 @@ class NeliSettings(ClusterSettings):
     def neli_config(self) -> Any:
         """The protocol core's :class:`~neli_orchestrate.core.NeliConfig` (group and topic stay
         unset: the singleton layer derives them per role from the namespace)."""
-        from neli_orchestrate.core import NeliConfig
+        from neli_orchestrate.core.config import NeliConfig
 
         options: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers,
                                    "kafka_config": dict(self.kafka_config),
@@ -252,7 +252,7 @@ class NeliSettings(ClusterSettings):
     def singleton_config(self) -> Any:
         """The :class:`~neli_orchestrate.singleton.SingletonConfig` (the one conversion);
         ConfigError names a setting that does not fit the others."""
-        from neli_orchestrate.singleton import SingletonConfig
+        from neli_orchestrate.singleton.config import SingletonConfig
 
         return SingletonConfig(
             neli=self.neli_config(),

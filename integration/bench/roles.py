@@ -60,7 +60,8 @@ HERE = Path(__file__).resolve()
 def worker(spec: dict[str, Any]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(created).4f %(name)s %(message)s")
     from neli_orchestrate import NeliConfig, SingletonConfig
-    from neli_orchestrate.core import LeaderAcquired, LeaderEvent, LeaderFenced, Neli
+    from neli_orchestrate.core.events import LeaderAcquired, LeaderEvent, LeaderFenced
+    from neli_orchestrate.core.neli import Neli
 
     out = threading.Lock()
 

@@ -369,7 +369,7 @@ def _singleton(target: Target, **values: Any) -> Any:
     """The Singleton of this deployment, from the cluster options and the settings options
     (one conversion: :meth:`NeliSettings.singleton_config`)."""
     from neli_orchestrate.settings import NeliSettings, parse
-    from neli_orchestrate.singleton import Singleton
+    from neli_orchestrate.singleton.singleton import Singleton
 
     settings = parse(NeliSettings, {**dict(target), **values}, where="option")
     return Singleton(settings.singleton_config())

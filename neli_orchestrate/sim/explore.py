@@ -55,7 +55,8 @@ from neli_orchestrate.decision import (
     claim_record,
     decide,
 )
-from neli_orchestrate.ledger import LedgerRecord, Replay, RunState
+from neli_orchestrate.ledger.record import LedgerRecord, RunState
+from neli_orchestrate.ledger.replay import Replay
 from neli_orchestrate.liveness import DeploymentLiveness, Liveness
 
 __all__ = ["EXPLORE_MUTATIONS", "Exploration", "Scope", "explore"]

@@ -30,7 +30,8 @@ from neli_orchestrate.decision import (
     is_terminal,
 )
 from neli_orchestrate.errors import FencedError, KafkaUnavailableError, UnreadableRecordError
-from neli_orchestrate.ledger import LedgerError, LedgerRecord, Replay, RunState
+from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState
+from neli_orchestrate.ledger.replay import Replay
 from neli_orchestrate.liveness import DeploymentLiveness, Liveness
 from neli_orchestrate.sim.broker import COMMITTED, DATA, UNKNOWN, Broker
 from neli_orchestrate.sim.config import SimConfig
@@ -1398,7 +1399,7 @@ def _state(record: LedgerRecord | None) -> str:
 
 
 def _partition(sim: Simulation, role: str) -> int:
-    from neli_orchestrate.ledger import role_partition
+    from neli_orchestrate.ledger.record import role_partition
 
     return role_partition(role, sim.partitions)
 

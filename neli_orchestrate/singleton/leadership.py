@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from neli_orchestrate.core import LeaderFenced, LeaderRevoked
+from neli_orchestrate.core.events import LeaderFenced, LeaderRevoked
 from neli_orchestrate.metrics import Metric
 from neli_orchestrate.singleton.config import SingletonConfig
 from neli_orchestrate.singleton.run import Run

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from neli_orchestrate.claim import Claim
 from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import FencedError
-from neli_orchestrate.ledger import LedgerRecord
+from neli_orchestrate.ledger.record import LedgerRecord
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ import threading
 from collections.abc import Sequence
 
 from neli_orchestrate.errors import FencedError
-from neli_orchestrate.ledger import LedgerRecord, Replay, ReplayBuilder, RunState, encode_key
+from neli_orchestrate.ledger.record import LedgerRecord, RunState, encode_key
+from neli_orchestrate.ledger.replay import Replay, ReplayBuilder
 
 
 class MemoryLedger:
