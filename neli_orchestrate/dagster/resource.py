@@ -14,7 +14,7 @@ Usage::
 
 Dagster sets a resource up once per run in every process that executes steps (every step with
 the multiprocess executor), so the resource holds only configuration and a cheap
-:class:`~neli_orchestrate.singleton.Singleton`; the NELI member joins the role's group when a
+:class:`~neli_orchestrate.Singleton`; the NELI member joins the role's group when a
 ``singleton`` block starts and leaves when it ends, so the next deployment is not held up.
 """
 

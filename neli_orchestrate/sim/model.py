@@ -2,11 +2,11 @@
 
 Everything protocol-shaped is the real code: :func:`neli_orchestrate.decision.decide`,
 :func:`~neli_orchestrate.decision.claim_record`, :func:`~neli_orchestrate.decision.check_claim`,
-:class:`~neli_orchestrate.ledger.LedgerRecord` (encoded and decoded on every write and
-replay), :class:`~neli_orchestrate.ledger.ReplayBuilder` and the token rule, all driven through
-the :class:`~neli_orchestrate.ledger.LedgerStore` seam. What is modelled: the broker, the
-network, process scheduling, the NELI member (Fast NELI, exclusive), the orchestrators and the
-token-checked sink.
+:class:`~neli_orchestrate.ledger.record.LedgerRecord` (encoded and decoded on every write and
+replay), :class:`~neli_orchestrate.ledger.replay.ReplayBuilder` and the token rule, all driven
+through the :class:`~neli_orchestrate.ledger.store.LedgerStore` seam. What is modelled: the
+broker, the network, process scheduling, the NELI member (Fast NELI, exclusive), the
+orchestrators and the token-checked sink.
 """
 
 from __future__ import annotations

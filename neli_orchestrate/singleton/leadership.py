@@ -1,6 +1,6 @@
 """The leadership lifecycle of one claim: acquire a role's NELI member, keep it polled, release.
 
-A :class:`~neli_orchestrate.singleton.Singleton` makes one per claim, reserve, execute, reset
+A :class:`~neli_orchestrate.Singleton` makes one per claim, reserve, execute, reset
 or expire (package-private: users call the Singleton)::
 
     lead = _Leadership(config, "daily_flights", Neli, time.monotonic, metric)

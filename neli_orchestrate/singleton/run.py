@@ -1,4 +1,4 @@
-"""What :class:`~neli_orchestrate.singleton.Singleton` answers: a :class:`Reservation`, or a
+"""What :class:`~neli_orchestrate.Singleton` answers: a :class:`Reservation`, or a
 :class:`Run` that is held while the work runs and fenced if leadership is lost meanwhile.
 
 Usage::
