@@ -36,7 +36,8 @@ if _HERE not in sys.path:
 from jobs.nycflights_daily import PARTITION_COLUMN, daily_performance  # noqa: E402
 
 from neli_orchestrate.dagster import NeliResource, NeliRun, singleton_asset  # noqa: E402
-from neli_orchestrate.spark import TokenCommitGuard, local_spark_conf, write_parquet_fenced  # noqa: E402
+from neli_orchestrate.spark import TokenCommitGuard, write_parquet_fenced  # noqa: E402
+from neli_orchestrate.spark.conf import local_spark_conf  # noqa: E402
 
 DAYS_2013 = dg.DailyPartitionsDefinition(start_date="2013-01-01", end_date="2014-01-01")
 

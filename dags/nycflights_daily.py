@@ -59,7 +59,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, Asset, task
 
 from neli_orchestrate.airflow import LeaderGateOperator
-from neli_orchestrate.spark import local_spark_conf, spark_home
+from neli_orchestrate.spark.conf import local_spark_conf, spark_home
 
 JOB = Path(__file__).resolve().parent / "jobs" / "nycflights_daily.py"
 OUTPUT = "{{ var.value.get('nycflights_output', '/tmp/neli/nycflights_daily') }}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from neli_orchestrate.singleton import SingletonConfig
+    from neli_orchestrate.singleton.config import SingletonConfig
 
 __all__ = ["Acl", "required_acls"]
 

@@ -8,7 +8,7 @@ Usage::
     claim.spark_conf()    # {"spark.neli.token": "42", "spark.neli.run_key": ..., ...}
     Claim.from_spark_conf(spark)   # in the job: the same claim back
 
-One type for every place the claim travels (:class:`~neli_orchestrate.singleton.Run` and
+One type for every place the claim travels (:class:`~neli_orchestrate.singleton.run.Run` and
 ``Reservation`` carry it as ``.claim``, the Airflow gate's XCom and a fenced task's
 environment, the Dagster run, a spark-submit job's conf), and its three wire forms written and
 read here only. Nothing here imports Airflow, Dagster or pyspark.
@@ -147,7 +147,7 @@ class Claim:
             conf[ATTEMPT_CONF] = str(self.attempt)
         return conf
 
-    #: The name ``neli_orchestrate.spark.NeliSparkConf`` users know.
+    #: The name ``neli_orchestrate.spark.conf.NeliSparkConf`` users know.
     to_spark_conf = spark_conf
 
     @classmethod

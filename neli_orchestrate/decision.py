@@ -37,9 +37,10 @@ than its liveness timeout) ends the respect for its claim or its retry window at
 ``ALIVE`` or ``UNKNOWN`` (no information: an older version, the feature off) keep the rule
 above. ``SAME_DEPLOYMENT_ONLY`` still waits: whoever chose it wants that deployment back.
 
-A claim always carries a new token (:attr:`neli_orchestrate.ledger.Replay.next_token`), larger
-than every token before it, so whatever the superseded claimant still does is refused by the
-ledger (fenced producer) and by token-checked sinks.
+A claim always carries a new token
+(:attr:`neli_orchestrate.ledger.replay.Replay.next_token`), larger than every token before it,
+so whatever the superseded claimant still does is refused by the ledger (fenced producer) and
+by token-checked sinks.
 
 .. note:: WAIT and the handoff window are about not wasting work, not about safety: safety
    comes from leadership, the fenced producer and the token. Wall clocks of deployments may
@@ -53,7 +54,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger import LedgerRecord, Replay, RunState
+from neli_orchestrate.ledger.record import LedgerRecord, RunState
+from neli_orchestrate.ledger.replay import Replay
 from neli_orchestrate.liveness import DeploymentLiveness
 
 __all__ = [

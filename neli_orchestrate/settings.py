@@ -15,8 +15,8 @@ The front doors are built from these declarations, not beside them: the Airflow 
 (:class:`~neli_orchestrate.dagster.NeliResource`, through :func:`field`), the command line's
 options and docs/guide/configuration.md. tests/test_settings.py fails when one of them drifts.
 
-The protocol underneath (:class:`~neli_orchestrate.core.NeliConfig`,
-:class:`~neli_orchestrate.singleton.SingletonConfig`) stays plain dataclasses: it holds many
+The protocol underneath (:class:`~neli_orchestrate.NeliConfig`,
+:class:`~neli_orchestrate.SingletonConfig`) stays plain dataclasses: it holds many
 more settings than a front door shows, and imports no pydantic.
 """
 
@@ -115,10 +115,10 @@ class ClusterSettings(BaseModel):
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config, **extra}
 
     def ledger_config(self) -> Any:
-        """The :class:`~neli_orchestrate.ledger.KafkaLedgerConfig` of a ledger reader: the
+        """The :class:`~neli_orchestrate.ledger.kafka.KafkaLedgerConfig` of a ledger reader: the
         namespace's topic and writers' prefix, never creating the topic."""
-        from neli_orchestrate.ledger import KafkaLedgerConfig
-        from neli_orchestrate.singleton import ledger_client_settings
+        from neli_orchestrate.ledger.kafka import KafkaLedgerConfig
+        from neli_orchestrate.singleton.config import ledger_client_settings
 
         names = self.names
         return KafkaLedgerConfig(
@@ -237,9 +237,9 @@ class NeliSettings(ClusterSettings):
         return value
 
     def neli_config(self) -> Any:
-        """The protocol core's :class:`~neli_orchestrate.core.NeliConfig` (group and topic stay
+        """The protocol core's :class:`~neli_orchestrate.NeliConfig` (group and topic stay
         unset: the singleton layer derives them per role from the namespace)."""
-        from neli_orchestrate.core import NeliConfig
+        from neli_orchestrate.core.config import NeliConfig
 
         options: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers,
                                    "kafka_config": dict(self.kafka_config),
@@ -250,9 +250,9 @@ class NeliSettings(ClusterSettings):
         return NeliConfig(**options)
 
     def singleton_config(self) -> Any:
-        """The :class:`~neli_orchestrate.singleton.SingletonConfig` (the one conversion);
+        """The :class:`~neli_orchestrate.SingletonConfig` (the one conversion);
         ConfigError names a setting that does not fit the others."""
-        from neli_orchestrate.singleton import SingletonConfig
+        from neli_orchestrate.singleton.config import SingletonConfig
 
         return SingletonConfig(
             neli=self.neli_config(),

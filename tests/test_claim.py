@@ -7,7 +7,7 @@ import pytest
 from neli_orchestrate.claim import CLAIM_ENV, Claim
 from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.singleton import Reservation, Run
+from neli_orchestrate.singleton.run import Reservation, Run
 
 CLAIM = Claim(token=42, run_key="2013-01-05", role="daily_flights", deployment="us-east-1")
 
@@ -23,7 +23,8 @@ def test_every_wire_form_gives_the_same_claim_back() -> None:
 
 
 def test_the_integrations_names_are_the_one_claim() -> None:
-    from neli_orchestrate.spark import NeliSparkConf, neli_spark_conf, read_neli_conf
+    from neli_orchestrate.spark import neli_spark_conf, read_neli_conf
+    from neli_orchestrate.spark.conf import NeliSparkConf
 
     assert NeliSparkConf is Claim
     assert read_neli_conf(neli_spark_conf(**CLAIM.xcom())) == CLAIM

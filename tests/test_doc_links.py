@@ -66,17 +66,6 @@ def test_a_broken_link_is_caught(tmp_path: Path) -> None:
     ]
 
 
-#: Package ``__init__`` docstrings still citing pages by their old place: the public-API change
-#: of issue 22 (item 6) is rewriting these files on its own branch; each names its page's new path
-#: once that lands and leaves this set (docs/internals/development.md, "Where things live").
-NOT_YET_MOVED = {
-    "neli_orchestrate/core/__init__.py": "docs/protocol.md",  # docs/internals/protocol.md
-    "neli_orchestrate/dagster/__init__.py": "docs/dagster.md",  # docs/guide/dagster.md
-    "neli_orchestrate/ledger/__init__.py": "docs/ledger.md",  # docs/guide/ledger.md
-    "neli_orchestrate/sim/__init__.py": "docs/simulation.md",  # docs/internals/simulation.md
-}
-
-
 def _cited_files() -> list[Path]:
     """Tracked text files that may cite docs: code, pages, config, the CI and demo scripts."""
     names = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
@@ -96,12 +85,9 @@ def test_every_cited_path_exists() -> None:
     for path in _cited_files():
         name = str(path.relative_to(REPO))
         for cited in sorted(set(_CITED.findall(path.read_text(errors="replace")))):
-            if not (REPO / cited).exists() and NOT_YET_MOVED.get(name) != cited:
+            if not (REPO / cited).exists():
                 missing.append(f"{name}: {cited}")
     assert missing == []
-    fixed = [name for name, cited in NOT_YET_MOVED.items()
-             if cited not in (REPO / name).read_text()]
-    assert fixed == [], "these cite the new path now: remove them from NOT_YET_MOVED"
 
 
 def test_the_index_lists_the_guide_and_the_internals() -> None:

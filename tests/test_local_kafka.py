@@ -145,7 +145,8 @@ def test_local_kafka_start_failure_is_an_error_not_a_hang(tmp_path) -> None:
     """A port already in use (fixed port) must raise quickly with the broker's log tail."""
     import socket
 
-    from neli_orchestrate.testing import LocalKafka, LocalKafkaError
+    from neli_orchestrate.testing import LocalKafka
+    from neli_orchestrate.testing.local_kafka import LocalKafkaError
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

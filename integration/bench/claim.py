@@ -85,7 +85,8 @@ def populate(bootstrap: str, namespace: str, records: int, roles: int, role: str
     from confluent_kafka import Producer
 
     from neli_orchestrate.core.namespace import derive
-    from neli_orchestrate.ledger import KafkaLedger, KafkaLedgerConfig, LedgerRecord, RunState
+    from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
+    from neli_orchestrate.ledger.record import LedgerRecord, RunState
 
     topic = derive(namespace).ledger_topic
     KafkaLedger(KafkaLedgerConfig(bootstrap_servers=bootstrap, topic=topic,
@@ -199,7 +200,7 @@ def run_ledger_size(bootstrap: str, trials: int, records: int, roles: int,
                 reserve(blind, f"blind-{i}", strict=False, name=name))
     replay_from_zero = []
     for _ in range(full_replays):
-        from neli_orchestrate.ledger import KafkaLedger
+        from neli_orchestrate.ledger.kafka import KafkaLedger
 
         ledger = KafkaLedger(dataclasses.replace(config("full").ledger_config(),
                                                  replay_cache=False, replay_timeout=300.0))

@@ -49,7 +49,9 @@ DEADLINE = 60.0
 
 def member_main(settings: dict[str, Any]) -> None:
     """Run one member: pulse, report events and close on 'close' from stdin."""
-    from neli_orchestrate.core import LeaderEvent, Neli, NeliConfig
+    from neli_orchestrate.core.config import NeliConfig
+    from neli_orchestrate.core.events import LeaderEvent
+    from neli_orchestrate.core.neli import Neli
 
     out = open(settings.pop("out"), "a", buffering=1)  # noqa: SIM115
     lock = threading.Lock()
@@ -240,7 +242,7 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from neli_orchestrate.core import NeliConfig
+    from neli_orchestrate.core.config import NeliConfig
 
     settings: dict[str, Any] = {"profile": args.profile}
     if args.session_timeout is not None:

@@ -36,13 +36,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from neli_orchestrate.ledger import (
-    KafkaLedger,
-    KafkaLedgerConfig,
-    LedgerRecord,
-    RunState,
-    role_partition,
-)
+from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
+from neli_orchestrate.ledger.record import LedgerRecord, RunState, role_partition
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROLE = "daily_flights"

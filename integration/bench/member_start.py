@@ -82,7 +82,8 @@ def child(settings: dict[str, Any]) -> None:
     import confluent_kafka  # noqa: F401
     import confluent_kafka.admin  # noqa: F401
 
-    from neli_orchestrate.core import Neli, NeliConfig
+    from neli_orchestrate.core.config import NeliConfig
+    from neli_orchestrate.core.neli import Neli
 
     spans: list[list[Any]] = []
     lock = threading.Lock()

@@ -51,14 +51,14 @@ def neli_member(s: dict[str, Any]) -> None:
     import logging
     import os
 
-    from neli_orchestrate.core import (
+    from neli_orchestrate.core.config import NeliConfig
+    from neli_orchestrate.core.events import (
         LeaderAcquired,
         LeaderEvent,
         LeaderFenced,
         LeaderRevoked,
-        Neli,
-        NeliConfig,
     )
+    from neli_orchestrate.core.neli import Neli
 
     logging.basicConfig(level=logging.WARNING, format="%(created).4f %(threadName)s %(message)s")
     if os.environ.get("NELI_BENCH_DEBUG"):

@@ -8,7 +8,7 @@ Usage::
 Every role is contended by two deployments, as the example DAG's per-date roles are: role
 ``r`` is the group ``<namespace>.<r>`` on the shared leader topic ``<namespace>.neli``, named
 by :meth:`SingletonConfig.role_neli` (the library's one derivation), each member a
-:class:`~neli_orchestrate.core.Neli` with its own background pulser. Members are hosted by
+:class:`~neli_orchestrate.Neli` with its own background pulser. Members are hosted by
 worker processes (``--per-process`` members each, one process per deployment and slice), so
 that a few hundred members fit on a small machine.
 
@@ -60,7 +60,8 @@ HERE = Path(__file__).resolve()
 def worker(spec: dict[str, Any]) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(created).4f %(name)s %(message)s")
     from neli_orchestrate import NeliConfig, SingletonConfig
-    from neli_orchestrate.core import LeaderAcquired, LeaderEvent, LeaderFenced, Neli
+    from neli_orchestrate.core.events import LeaderAcquired, LeaderEvent, LeaderFenced
+    from neli_orchestrate.core.neli import Neli
 
     out = threading.Lock()
 

@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from neli_orchestrate.sim import run_seeds
+from neli_orchestrate.sim.runner import run_seeds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -10,12 +10,16 @@ Usage::
     job = SparkSubmitOperator(task_id="job", application="jobs/nycflights_daily.py")
     gate >> job          # the task directly after the gate runs fenced (cluster policy)
 
-One concept per module: ``hooks.neli`` (NeliHook), ``operators.gate`` (LeaderGateOperator),
-``operators.fenced`` (fencing of the gate's child; FencedExecutionMixin, fenced),
-``operators.spark_submit`` (FencedSparkSubmitOperator), ``policy`` (the cluster policy),
-``claims`` (what gate, sensor, trigger and fenced tasks share), ``assets`` (the ledger
-identity on asset events, events by proxy, run keys of asset-triggered runs),
-``sensors.leader`` (NeliLeaderSensor), ``triggers.leader`` (NeliLeadershipTrigger),
+``__all__`` holds what users write in DAG files: :class:`LeaderGateOperator`, the explicit
+fence :func:`fenced` and its Spark form :class:`FencedSparkSubmitOperator`,
+:class:`NeliLeaderSensor`, and :class:`NeliHook` for their own tasks. The rest stays importable
+from its module, one concept each: ``hooks.neli`` (NeliHook), ``operators.gate``
+(LeaderGateOperator), ``operators.fenced`` (fencing of the gate's child; ``fenced``,
+``FencedExecutionMixin`` for subclasses), ``operators.spark_submit``
+(FencedSparkSubmitOperator), ``policy`` (the cluster policy), ``claims`` (what gate, sensor,
+trigger and fenced tasks share), ``assets`` (the ledger identity on asset events, events by
+proxy, run keys of asset-triggered runs), ``sensors.leader`` (NeliLeaderSensor),
+``triggers.leader`` (NeliLeadershipTrigger, which the sensor and gate defer to),
 ``provider`` (get_provider_info, the provider entry point). Names are imported lazily so that
 Airflow's provider discovery, which imports ``provider``, stays cheap.
 """
@@ -28,32 +32,24 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "NeliHook": "neli_orchestrate.airflow.hooks.neli",
     "LeaderGateOperator": "neli_orchestrate.airflow.operators.gate",
-    "FencedExecutionMixin": "neli_orchestrate.airflow.operators.fenced",
     "FencedSparkSubmitOperator": "neli_orchestrate.airflow.operators.spark_submit",
     "fenced": "neli_orchestrate.airflow.operators.fenced",
     "NeliLeaderSensor": "neli_orchestrate.airflow.sensors.leader",
-    "NeliLeadershipTrigger": "neli_orchestrate.airflow.triggers.leader",
-    "get_provider_info": "neli_orchestrate.airflow.provider",
 }
 
 if TYPE_CHECKING:
     from neli_orchestrate.airflow.hooks.neli import NeliHook
-    from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
+    from neli_orchestrate.airflow.operators.fenced import fenced
     from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
     from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
-    from neli_orchestrate.airflow.provider import get_provider_info
     from neli_orchestrate.airflow.sensors.leader import NeliLeaderSensor
-    from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
 
 __all__ = [
-    "FencedExecutionMixin",
     "FencedSparkSubmitOperator",
     "LeaderGateOperator",
     "NeliHook",
     "NeliLeaderSensor",
-    "NeliLeadershipTrigger",
     "fenced",
-    "get_provider_info",
 ]
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from neli_orchestrate.airflow.claims import RunClaim
-    from neli_orchestrate.ledger import LedgerRecord
+    from neli_orchestrate.ledger.record import LedgerRecord
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ __all__ = ["CLAIM_CONTEXT_KEY", "CLAIM_ENV", "CLAIM_KEYS", "RunClaim", "describe
 
 if TYPE_CHECKING:
     from neli_orchestrate.airflow.hooks.neli import NeliHook
-    from neli_orchestrate.ledger import LedgerRecord
-    from neli_orchestrate.singleton import Singleton
+    from neli_orchestrate.ledger.record import LedgerRecord
+    from neli_orchestrate.singleton.singleton import Singleton
 
 #: Context key under which a fenced task's work finds its claim, in its XCom form (``@task``
 #: functions: declare a parameter of this name).

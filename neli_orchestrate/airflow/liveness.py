@@ -143,7 +143,7 @@ def _announcer_config(conn_id: str, *, component: str) -> Any:
 
     from neli_orchestrate.airflow.hooks.neli import NeliHook
     from neli_orchestrate.liveness import AnnouncerConfig
-    from neli_orchestrate.singleton import ledger_client_settings
+    from neli_orchestrate.singleton.config import ledger_client_settings
 
     conn = Connection.get_connection_from_secrets(conn_id)
     config = NeliHook(conn_id, connection=conn).singleton_config()  # type: ignore[arg-type]

@@ -29,7 +29,9 @@ from neli_orchestrate.cli.ledger import ledger
 from neli_orchestrate.cli.run import run
 from neli_orchestrate.cli.status import status
 
-__all__ = ["cli", "main"]
+# The console script and ``python -m`` call ``main``; users run the command, they do not import
+# it, so the package exports nothing (``cli`` and ``main`` stay importable from here).
+__all__: list[str] = []
 
 
 @click.group(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})

@@ -10,8 +10,8 @@ from rich.markup import escape
 from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, stderr, table, when
 from neli_orchestrate.errors import KafkaUnavailableError, NeliError
-from neli_orchestrate.ledger import RunState
 from neli_orchestrate.ledger.history import LedgerHistory, read_history
+from neli_orchestrate.ledger.record import RunState
 from neli_orchestrate.observe import entry_data, unstopped_note
 from neli_orchestrate.settings import NeliSettings, parse
 
@@ -179,7 +179,7 @@ def history(target: Target, role: str, run_key: str, as_json: bool) -> int:
 def reset(target: Target, role: str, run_key: str, reason: str, deployment: str, profile: str,
           group_protocol: str | None, acquire_timeout: float, as_json: bool) -> int:
     """Reset a COMPLETED or FAILED run key so its next run starts over (Singleton.reset)."""
-    from neli_orchestrate.singleton import Singleton
+    from neli_orchestrate.singleton.singleton import Singleton
 
     try:
         settings = parse(NeliSettings, {**dict(target), "deployment": deployment,

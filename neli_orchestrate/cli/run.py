@@ -316,7 +316,7 @@ def _terminate_on_signals() -> Iterator[None]:
 
 def _supervise(run: Any, command: Sequence[str], env: Mapping[str, str], *, grace: float,
                guard_timeout: float, ping_interval: float) -> int:
-    """Run COMMAND under ``run`` (a :class:`~neli_orchestrate.singleton.Run`); its exit status.
+    """Run COMMAND under ``run`` (a :class:`~neli_orchestrate.singleton.run.Run`); its exit status.
 
     A fence (the watchdog thread calls back) stops the process group before the claim block
     can record or release anything; SIGTERM/SIGINT stop it too and re-raise as
@@ -369,7 +369,7 @@ def _singleton(target: Target, **values: Any) -> Any:
     """The Singleton of this deployment, from the cluster options and the settings options
     (one conversion: :meth:`NeliSettings.singleton_config`)."""
     from neli_orchestrate.settings import NeliSettings, parse
-    from neli_orchestrate.singleton import Singleton
+    from neli_orchestrate.singleton.singleton import Singleton
 
     settings = parse(NeliSettings, {**dict(target), **values}, where="option")
     return Singleton(settings.singleton_config())

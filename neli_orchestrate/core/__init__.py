@@ -2,59 +2,19 @@
 
 Usage::
 
-    from neli_orchestrate.core import Neli, NeliConfig, LeaderFenced
+    from neli_orchestrate import LeaderFenced, Neli, NeliConfig
     with Neli(NeliConfig(bootstrap_servers="127.0.0.1:9092", group_id="billing"),
               barrier=print) as neli:
         pulser = neli.background(lambda: do_a_bit_of_leader_work())
 
-See ``docs/protocol.md`` for the protocol, its timing assumptions and profiles.
+What users write (``Neli``, ``NeliConfig``, the events, ``MockNeli``) is exported by
+:mod:`neli_orchestrate`; this package exports nothing itself. One concept per module:
+``neli`` (the member loop), ``config`` (settings, profiles), ``events`` (acquired, revoked,
+fenced), ``mock`` (MockNeli), ``fast`` and ``full`` (the two protocols' state), ``state``
+(shared pure bookkeeping), ``hints`` (release hints and nudges), ``heartbeat`` (leader-topic
+records), ``pulser``, ``roles``, ``clock``, ``namespace`` (every Kafka name), ``topic``
+(start-up checks), ``kafka`` (the seam) and ``confluent`` (its confluent-kafka implementation).
+See ``docs/internals/protocol.md`` for the protocol, its timing assumptions and profiles.
 """
 
-from neli_orchestrate.core.clock import SYSTEM_CLOCK, Clock, FakeClock, SystemClock
-from neli_orchestrate.core.config import (
-    PROFILES,
-    PROTECTED_KAFKA_SETTINGS,
-    NeliConfig,
-    ResolvedConfig,
-    TimingProfile,
-)
-from neli_orchestrate.core.events import (
-    Barrier,
-    LeaderAcquired,
-    LeaderEvent,
-    LeaderFenced,
-    LeaderRevoked,
-)
-from neli_orchestrate.core.mock import MockNeli
-from neli_orchestrate.core.neli import Neli, NeliLike
-from neli_orchestrate.core.pulser import Pulser
-from neli_orchestrate.core.roles import HashSlots, Role, partition_for, stable_hash
-from neli_orchestrate.errors import ConfigError, KafkaUnavailableError, NeliError
-
-__all__ = [
-    "Barrier",
-    "Clock",
-    "ConfigError",
-    "FakeClock",
-    "HashSlots",
-    "KafkaUnavailableError",
-    "LeaderAcquired",
-    "LeaderEvent",
-    "LeaderFenced",
-    "LeaderRevoked",
-    "MockNeli",
-    "Neli",
-    "NeliConfig",
-    "NeliError",
-    "NeliLike",
-    "PROFILES",
-    "PROTECTED_KAFKA_SETTINGS",
-    "Pulser",
-    "ResolvedConfig",
-    "Role",
-    "SYSTEM_CLOCK",
-    "SystemClock",
-    "TimingProfile",
-    "partition_for",
-    "stable_hash",
-]
+__all__: list[str] = []

@@ -9,21 +9,15 @@
   skipped in the deployments that do not run the run key.
 - :func:`singleton_asset`: the asset form, with ``output_required=False``.
 
-See docs/dagster.md.
+Those four are ``__all__``; the rest stays in its module (``gates``: ``GATE_OUTPUT``;
+``run``: ``default_role``, ``default_run_key``; ``delta``, ``iceberg``: token-checked table
+writes without Spark). See docs/guide/dagster.md.
 """
 
 from __future__ import annotations
 
-from neli_orchestrate.dagster.gates import GATE_OUTPUT, leader_gate_op, singleton_asset
+from neli_orchestrate.dagster.gates import leader_gate_op, singleton_asset
 from neli_orchestrate.dagster.resource import NeliResource
-from neli_orchestrate.dagster.run import NeliRun, default_role, default_run_key
+from neli_orchestrate.dagster.run import NeliRun
 
-__all__ = [
-    "GATE_OUTPUT",
-    "NeliResource",
-    "NeliRun",
-    "default_role",
-    "default_run_key",
-    "leader_gate_op",
-    "singleton_asset",
-]
+__all__ = ["NeliResource", "NeliRun", "leader_gate_op", "singleton_asset"]

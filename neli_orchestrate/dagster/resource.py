@@ -14,7 +14,7 @@ Usage::
 
 Dagster sets a resource up once per run in every process that executes steps (every step with
 the multiprocess executor), so the resource holds only configuration and a cheap
-:class:`~neli_orchestrate.singleton.Singleton`; the NELI member joins the role's group when a
+:class:`~neli_orchestrate.Singleton`; the NELI member joins the role's group when a
 ``singleton`` block starts and leaves when it ends, so the next deployment is not held up.
 """
 
@@ -35,10 +35,12 @@ from neli_orchestrate import settings
 from neli_orchestrate.dagster.run import NeliRun, default_role, default_run_key
 from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import FencedError, StaleTokenError
-from neli_orchestrate.ledger import LedgerRecord
+from neli_orchestrate.ledger.record import LedgerRecord
 from neli_orchestrate.metrics import MetricEvent
 from neli_orchestrate.observe import Overview, collect_overview
-from neli_orchestrate.singleton import Reservation, Singleton, SingletonConfig
+from neli_orchestrate.singleton.config import SingletonConfig
+from neli_orchestrate.singleton.run import Reservation
+from neli_orchestrate.singleton.singleton import Singleton
 
 logger = logging.getLogger(__name__)
 

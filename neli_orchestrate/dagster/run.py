@@ -21,8 +21,8 @@ from neli_orchestrate.spark.conf import SparkJobCanceller, cancel_on_fence
 if TYPE_CHECKING:
     from neli_orchestrate.claim import Claim
     from neli_orchestrate.decision import Outcome
-    from neli_orchestrate.ledger import LedgerRecord
-    from neli_orchestrate.singleton import Run
+    from neli_orchestrate.ledger.record import LedgerRecord
+    from neli_orchestrate.singleton.run import Run
 
 logger = logging.getLogger(__name__)
 

@@ -653,7 +653,7 @@ def ledger_history(
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    from neli_orchestrate.ledger import LedgerRecord
+    from neli_orchestrate.ledger.record import LedgerRecord
 
     consumer = Consumer(
         {

@@ -1,6 +1,6 @@
 """Run ledger: who claimed, ran and finished each run of a role, fenced by Kafka transactions.
 
-Usage (what ``singleton.py`` does once this member leads ``role``)::
+Usage (what :class:`~neli_orchestrate.Singleton` does once this member leads ``role``)::
 
     ledger = KafkaLedger(KafkaLedgerConfig(bootstrap_servers="127.0.0.1:9092"))
     writer = ledger.begin(role)            # init_transactions(): fences every earlier leader
@@ -24,51 +24,16 @@ reached the partition's high watermark as of that moment (:attr:`Replay.next_tok
 earlier leader's committed record sits at an offset below that end offset (its commit either
 finished before the fence, or was aborted by it), and each record's token is at most its own
 offset, so tokens of successive claims of a role strictly increase. Offsets are never reused,
-so the rule survives compaction and tombstones. See ``docs/ledger.md``.
+so the rule survives compaction and tombstones. See ``docs/guide/ledger.md``.
 
 .. note:: The ledger does not decide anything; :mod:`neli_orchestrate.decision` does. Nor does
    it prove leadership: only the member that currently leads ``role`` may call :meth:`begin`,
    and the broker, not timing, makes every earlier writer's next write fail.
+
+This package exports nothing; import from its modules: ``kafka`` (:class:`KafkaLedger`,
+``KafkaLedgerConfig``), ``record`` (``LedgerRecord``, ``RunState``, the key and partition),
+``replay`` (``Replay``, the token rule), ``store`` (the ``LedgerStore`` seam, ``expire``),
+``cache`` (the replay cache) and ``history`` (the topic record by record, for people).
 """
 
-from __future__ import annotations
-
-from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig, KafkaLedgerWriter
-from neli_orchestrate.ledger.record import (
-    DEFAULT_LEDGER_TOPIC,
-    LEDGER_SCHEMA_VERSION,
-    LedgerError,
-    LedgerRecord,
-    MalformedRecordError,
-    RunState,
-    decode_key,
-    encode_key,
-    parse_record,
-    role_key_prefix,
-    role_partition,
-)
-from neli_orchestrate.ledger.replay import Replay, ReplayBuilder, expired_run_keys
-from neli_orchestrate.ledger.store import LedgerStore, LedgerWriter, expire
-
-__all__ = [
-    "DEFAULT_LEDGER_TOPIC",
-    "LEDGER_SCHEMA_VERSION",
-    "KafkaLedger",
-    "KafkaLedgerConfig",
-    "KafkaLedgerWriter",
-    "LedgerError",
-    "LedgerRecord",
-    "LedgerStore",
-    "LedgerWriter",
-    "MalformedRecordError",
-    "Replay",
-    "ReplayBuilder",
-    "RunState",
-    "decode_key",
-    "encode_key",
-    "expire",
-    "expired_run_keys",
-    "parse_record",
-    "role_key_prefix",
-    "role_partition",
-]
+__all__: list[str] = []

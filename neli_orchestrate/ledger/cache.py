@@ -1,6 +1,6 @@
 """The replay cache: continue a role's fold from where the last replay stopped, when that is safe.
 
-Usage (what :class:`~neli_orchestrate.ledger.KafkaLedger` does on every replay)::
+Usage (what :class:`~neli_orchestrate.ledger.kafka.KafkaLedger` does on every replay)::
 
     checkpoint = cache.get(key)                     # this process's, else this host's file
     why_not = refusal(checkpoint, topic_id=..., log_start=..., high=..., now=..., retention=...)
@@ -23,7 +23,7 @@ never changes what lies below that position, with three exceptions, each of whic
   was read; every record above the checkpoint was written after that moment.
 
 The highest token a checkpoint saw survives a recreated topic: the fresh replay refuses to
-issue a token that does not exceed it (:attr:`~neli_orchestrate.ledger.Replay.next_token`),
+issue a token that does not exceed it (:attr:`~neli_orchestrate.ledger.replay.Replay.next_token`),
 which makes "the ledger topic was recreated under a running system" a clear error instead of
 tokens that go backwards.
 

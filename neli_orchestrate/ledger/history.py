@@ -7,9 +7,9 @@ Usage::
     for entry in entries:
         print(entry.offset, entry.record.state if entry.record else entry.error)
 
-Unlike :class:`~neli_orchestrate.ledger.Replay` (the latest record per run key, what decisions
-need) this keeps every committed record still in the topic, malformed ones included (with the
-reason they cannot be read). Read-only: no group is joined, nothing is written.
+Unlike :class:`~neli_orchestrate.ledger.replay.Replay` (the latest record per run key, what
+decisions need) this keeps every committed record still in the topic, malformed ones included
+(with the reason they cannot be read). Read-only: no group is joined, nothing is written.
 
 .. note:: The topic is compacted: older states of a run key disappear once Kafka compacts the
    segment they are in, so a history may start at a later state than ``CLAIMED``.

@@ -22,8 +22,9 @@ Steps are atomic at the granularity of the real protocol's I/O: acquire leadersh
 ledger writer (``init_transactions()``: fences earlier writers), replay+decide+write, start the
 work, finish it. The decision code is the real one (:func:`~neli_orchestrate.decision.decide`,
 :func:`~neli_orchestrate.decision.check_claim`, :func:`~neli_orchestrate.decision.claim_record`)
-on real :class:`~neli_orchestrate.ledger.LedgerRecord` values. Leadership is one lease (NELI's
-S1, checked by the seeded simulation, is given here); the broker's fencing is the epoch rule.
+on real :class:`~neli_orchestrate.ledger.record.LedgerRecord` values. Leadership is one lease
+(NELI's S1, checked by the seeded simulation, is given here); the broker's fencing is the epoch
+rule.
 
 States are explored breadth-first with a visited set, so each distinct state is expanded once
 (the interleavings that reach it are equivalent from there on). Invariants, checked on every
@@ -55,7 +56,8 @@ from neli_orchestrate.decision import (
     claim_record,
     decide,
 )
-from neli_orchestrate.ledger import LedgerRecord, Replay, RunState
+from neli_orchestrate.ledger.record import LedgerRecord, RunState
+from neli_orchestrate.ledger.replay import Replay
 from neli_orchestrate.liveness import DeploymentLiveness, Liveness
 
 __all__ = ["EXPLORE_MUTATIONS", "Exploration", "Scope", "explore"]

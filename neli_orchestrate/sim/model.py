@@ -2,11 +2,11 @@
 
 Everything protocol-shaped is the real code: :func:`neli_orchestrate.decision.decide`,
 :func:`~neli_orchestrate.decision.claim_record`, :func:`~neli_orchestrate.decision.check_claim`,
-:class:`~neli_orchestrate.ledger.LedgerRecord` (encoded and decoded on every write and
-replay), :class:`~neli_orchestrate.ledger.ReplayBuilder` and the token rule, all driven through
-the :class:`~neli_orchestrate.ledger.LedgerStore` seam. What is modelled: the broker, the
-network, process scheduling, the NELI member (Fast NELI, exclusive), the orchestrators and the
-token-checked sink.
+:class:`~neli_orchestrate.ledger.record.LedgerRecord` (encoded and decoded on every write and
+replay), :class:`~neli_orchestrate.ledger.replay.ReplayBuilder` and the token rule, all driven
+through the :class:`~neli_orchestrate.ledger.store.LedgerStore` seam. What is modelled: the
+broker, the network, process scheduling, the NELI member (Fast NELI, exclusive), the
+orchestrators and the token-checked sink.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from neli_orchestrate.decision import (
     is_terminal,
 )
 from neli_orchestrate.errors import FencedError, KafkaUnavailableError, UnreadableRecordError
-from neli_orchestrate.ledger import LedgerError, LedgerRecord, Replay, RunState
+from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState
+from neli_orchestrate.ledger.replay import Replay
 from neli_orchestrate.liveness import DeploymentLiveness, Liveness
 from neli_orchestrate.sim.broker import COMMITTED, DATA, UNKNOWN, Broker
 from neli_orchestrate.sim.config import SimConfig
@@ -1398,7 +1399,7 @@ def _state(record: LedgerRecord | None) -> str:
 
 
 def _partition(sim: Simulation, role: str) -> int:
-    from neli_orchestrate.ledger import role_partition
+    from neli_orchestrate.ledger.record import role_partition
 
     return role_partition(role, sim.partitions)
 

@@ -1,8 +1,8 @@
-"""The ledger seam (:class:`~neli_orchestrate.ledger.LedgerStore`) over the simulated broker.
+"""The ledger seam (:class:`~neli_orchestrate.ledger.store.LedgerStore`) over the simulated broker.
 
-The same contract as :class:`~neli_orchestrate.ledger.KafkaLedger`: ``begin`` fences earlier
+The same contract as :class:`~neli_orchestrate.ledger.kafka.KafkaLedger`: ``begin`` fences earlier
 writers of the role (``init_transactions``), replays are read_committed up to the high
-watermark and fold the messages with the real :class:`~neli_orchestrate.ledger.ReplayBuilder`
+watermark and fold the messages with the real :class:`~neli_orchestrate.ledger.replay.ReplayBuilder`
 (key filter, codec, tombstones, token rule), and a write by a fenced writer raises
 :class:`~neli_orchestrate.errors.FencedError`.
 """
@@ -13,14 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from neli_orchestrate.errors import FencedError, KafkaUnavailableError
-from neli_orchestrate.ledger import (
-    LedgerRecord,
-    Replay,
-    ReplayBuilder,
-    encode_key,
-    role_partition,
-)
 from neli_orchestrate.ledger.cache import Checkpoint, refusal
+from neli_orchestrate.ledger.record import LedgerRecord, encode_key, role_partition
+from neli_orchestrate.ledger.replay import Replay, ReplayBuilder
 from neli_orchestrate.sim.broker import COMMITTED, DATA, Broker, Fenced
 from neli_orchestrate.sim.kernel import Proc, SimCrash
 

@@ -14,13 +14,9 @@ execute, reset, expire), :mod:`~neli_orchestrate.singleton.config` (:class:`Sing
 :mod:`~neli_orchestrate.singleton.leadership` (a role's member from acquiring to release),
 :mod:`~neli_orchestrate.singleton.busy` (the busy-group rule) and
 :mod:`~neli_orchestrate.singleton.groups` (what it reads of groups it does not join).
+
+Users import :class:`~neli_orchestrate.Singleton` and :class:`~neli_orchestrate.SingletonConfig`
+from :mod:`neli_orchestrate`; this package exports nothing itself.
 """
 
-from neli_orchestrate.singleton.config import SingletonConfig
-from neli_orchestrate.singleton.config import (  # the ledger's client settings, for front doors
-    ledger_client_settings as ledger_client_settings,
-)
-from neli_orchestrate.singleton.run import Reservation, Run
-from neli_orchestrate.singleton.singleton import Singleton
-
-__all__ = ["Reservation", "Run", "Singleton", "SingletonConfig"]
+__all__: list[str] = []

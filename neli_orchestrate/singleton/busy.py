@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from neli_orchestrate.decision import Claimant, DecisionPolicy, Outcome, decide
-from neli_orchestrate.ledger import LedgerRecord
+from neli_orchestrate.ledger.record import LedgerRecord
 
 __all__ = ["busy_answer", "while_preparing"]
 

@@ -16,11 +16,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from neli_orchestrate.core import NeliConfig
+from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import DecisionPolicy, FailedRetry
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger import KafkaLedgerConfig
+from neli_orchestrate.ledger.kafka import KafkaLedgerConfig
 
 __all__ = ["SingletonConfig", "ledger_client_settings"]
 

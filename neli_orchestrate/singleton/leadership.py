@@ -1,6 +1,6 @@
 """The leadership lifecycle of one claim: acquire a role's NELI member, keep it polled, release.
 
-A :class:`~neli_orchestrate.singleton.Singleton` makes one per claim, reserve, execute, reset
+A :class:`~neli_orchestrate.Singleton` makes one per claim, reserve, execute, reset
 or expire (package-private: users call the Singleton)::
 
     lead = _Leadership(config, "daily_flights", Neli, time.monotonic, metric)
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from neli_orchestrate.core import LeaderFenced, LeaderRevoked
+from neli_orchestrate.core.events import LeaderFenced, LeaderRevoked
 from neli_orchestrate.metrics import Metric
 from neli_orchestrate.singleton.config import SingletonConfig
 from neli_orchestrate.singleton.run import Run

@@ -1,4 +1,4 @@
-"""What :class:`~neli_orchestrate.singleton.Singleton` answers: a :class:`Reservation`, or a
+"""What :class:`~neli_orchestrate.Singleton` answers: a :class:`Reservation`, or a
 :class:`Run` that is held while the work runs and fenced if leadership is lost meanwhile.
 
 Usage::
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from neli_orchestrate.claim import Claim
 from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import FencedError
-from neli_orchestrate.ledger import LedgerRecord
+from neli_orchestrate.ledger.record import LedgerRecord
 
 log = logging.getLogger(__name__)
 

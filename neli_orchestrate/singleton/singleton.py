@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from neli_orchestrate.core import Neli
+from neli_orchestrate.core.neli import Neli
 from neli_orchestrate.decision import (
     Claimant,
     ClaimStatus,
@@ -57,15 +57,10 @@ from neli_orchestrate.errors import (
     WorkNotStopped,
     WorkSkipped,
 )
-from neli_orchestrate.ledger import (
-    KafkaLedger,
-    LedgerRecord,
-    LedgerStore,
-    LedgerWriter,
-    Replay,
-    RunState,
-    expire,
-)
+from neli_orchestrate.ledger.kafka import KafkaLedger
+from neli_orchestrate.ledger.record import LedgerRecord, RunState
+from neli_orchestrate.ledger.replay import Replay
+from neli_orchestrate.ledger.store import LedgerStore, LedgerWriter, expire
 from neli_orchestrate.liveness import DeploymentLiveness
 from neli_orchestrate.metrics import Metric, MetricEvent, MetricsHook, emit
 from neli_orchestrate.singleton.busy import busy_answer, while_preparing

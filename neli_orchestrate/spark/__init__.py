@@ -1,72 +1,36 @@
-"""Spark side of fencing: token conf for spark-submit, a token-checked commit, job cancellation.
+"""Spark side of fencing: token conf for spark-submit, token-checked sinks, job cancellation.
 
-- :class:`TokenCommitGuard` / :func:`commit_output`: publish an output directory only if the
-  run's fencing token is at least the highest already committed for its run key; a lower token
-  raises :class:`~neli_orchestrate.errors.StaleTokenError`.
-- :func:`write_parquet_fenced`: the same for a PySpark DataFrame written as Parquet.
-- :func:`neli_spark_conf` / :func:`read_neli_conf`: hand the token to the job as
+- :func:`neli_spark_conf` / :func:`read_neli_conf`: hand the run's claim to the job as
   ``spark.neli.*`` conf and read it back inside the job.
+- The sinks, each refusing a stale token with :class:`~neli_orchestrate.errors.StaleTokenError`:
+  :func:`write_delta_fenced` (Delta Lake), :func:`write_iceberg_fenced` (Apache Iceberg),
+  :func:`write_parquet_fenced` (a Parquet directory) and :class:`TokenCommitGuard` (any
+  directory of files).
 - :func:`cancel_on_fence`: tag a thread's Spark jobs so a fence callback cancels them.
+
+Those seven are ``__all__``; helpers stay in their modules: ``conf`` (``spark_submit_env``,
+``local_spark_conf``, ``spark_home``), ``commit`` (``commit_output``, ``CommitMarker``, the commit
+errors), ``delta`` (``delta_history``), ``iceberg`` (``iceberg_catalog_conf``),
+``applications`` (what a fenced spark-submit stops). The ``spark.neli.*`` key names live with
+the claim, in :mod:`neli_orchestrate.claim`. See docs/guide/spark.md.
 
 Importing this package does not import pyspark.
 """
 
 from __future__ import annotations
 
-from neli_orchestrate.errors import StaleTokenError
-from neli_orchestrate.spark.commit import (
-    MARKER_NAME,
-    CommitConflictError,
-    CommitError,
-    CommitLockTimeout,
-    CommitMarker,
-    CommitMarkerError,
-    StagedOutput,
-    TokenCommitGuard,
-    commit_output,
-    escape_run_key,
-)
-from neli_orchestrate.spark.conf import (
-    ATTEMPT_CONF,
-    DEPLOYMENT_CONF,
-    ROLE_CONF,
-    RUN_KEY_CONF,
-    TOKEN_CONF,
-    NeliSparkConf,
-    SparkJobCanceller,
-    cancel_on_fence,
-    local_spark_conf,
-    neli_spark_conf,
-    read_neli_conf,
-    spark_home,
-    spark_submit_env,
-)
+from neli_orchestrate.spark.commit import TokenCommitGuard
+from neli_orchestrate.spark.conf import cancel_on_fence, neli_spark_conf, read_neli_conf
 from neli_orchestrate.spark.dataframe import write_parquet_fenced
+from neli_orchestrate.spark.delta import write_delta_fenced
+from neli_orchestrate.spark.iceberg import write_iceberg_fenced
 
 __all__ = [
-    "ATTEMPT_CONF",
-    "DEPLOYMENT_CONF",
-    "MARKER_NAME",
-    "ROLE_CONF",
-    "RUN_KEY_CONF",
-    "TOKEN_CONF",
-    "CommitConflictError",
-    "CommitError",
-    "CommitLockTimeout",
-    "CommitMarker",
-    "CommitMarkerError",
-    "NeliSparkConf",
-    "SparkJobCanceller",
-    "StaleTokenError",
-    "StagedOutput",
     "TokenCommitGuard",
     "cancel_on_fence",
-    "commit_output",
-    "escape_run_key",
-    "local_spark_conf",
     "neli_spark_conf",
     "read_neli_conf",
-    "spark_home",
-    "spark_submit_env",
+    "write_delta_fenced",
+    "write_iceberg_fenced",
     "write_parquet_fenced",
 ]

@@ -1,10 +1,10 @@
-"""Test support: a real local Kafka broker and pytest fixtures (auto-loaded plugin)."""
+"""Test support: a real local Kafka broker and pytest fixtures (auto-loaded plugin).
 
-from neli_orchestrate.testing.local_kafka import (
-    KAFKA_VERSION,
-    LocalKafka,
-    LocalKafkaError,
-    ensure_kafka_libs,
-)
+``__all__`` is :class:`LocalKafka`, the broker users start in their own tests; the rest stays in
+its module: ``local_kafka`` (``LocalKafkaError``, ``KAFKA_VERSION``, ``ensure_kafka_libs``),
+``secured_kafka``, ``spark_cluster``, ``memory_ledger``, ``pytest_plugin``.
+"""
 
-__all__ = ["KAFKA_VERSION", "LocalKafka", "LocalKafkaError", "ensure_kafka_libs"]
+from neli_orchestrate.testing.local_kafka import LocalKafka
+
+__all__ = ["LocalKafka"]

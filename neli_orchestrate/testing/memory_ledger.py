@@ -7,10 +7,10 @@ Usage::
     ...
     assert ledger.latest("daily_flights", "2013-01-05").state is RunState.COMPLETED
 
-It behaves like :class:`~neli_orchestrate.ledger.KafkaLedger` where the protocol depends on it:
-``begin(role)`` fences every earlier writer of the role (their writes raise
+It behaves like :class:`~neli_orchestrate.ledger.kafka.KafkaLedger` where the protocol depends
+on it: ``begin(role)`` fences every earlier writer of the role (their writes raise
 :class:`~neli_orchestrate.errors.FencedError`), replays fold the log with the real
-:class:`~neli_orchestrate.ledger.ReplayBuilder`, and tokens come from log offsets.
+:class:`~neli_orchestrate.ledger.replay.ReplayBuilder`, and tokens come from log offsets.
 
 .. note:: One log for all roles, no transactions spanning writes, no compaction.
 """
@@ -21,11 +21,12 @@ import threading
 from collections.abc import Sequence
 
 from neli_orchestrate.errors import FencedError
-from neli_orchestrate.ledger import LedgerRecord, Replay, ReplayBuilder, RunState, encode_key
+from neli_orchestrate.ledger.record import LedgerRecord, RunState, encode_key
+from neli_orchestrate.ledger.replay import Replay, ReplayBuilder
 
 
 class MemoryLedger:
-    """A :class:`~neli_orchestrate.ledger.LedgerStore` held in a list; thread-safe."""
+    """A :class:`~neli_orchestrate.ledger.store.LedgerStore` held in a list; thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -24,7 +24,7 @@ import pytest
 
 from integration.airflow.harness import AirflowRegion, RegionConfig, neli_connection
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka]
 

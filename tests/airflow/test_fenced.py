@@ -29,7 +29,7 @@ from neli_orchestrate.airflow.operators.fenced import (
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
 from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
 from neli_orchestrate.errors import AcquireTimeoutError, FencedError, SkippedRun
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = pytest.mark.airflow
 

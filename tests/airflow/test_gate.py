@@ -36,7 +36,7 @@ from neli_orchestrate.airflow.assets import EXTRA_KEY, proxy_alias_name
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY, LeaderGateOperator
 from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka]
 

@@ -31,7 +31,7 @@ from integration.airflow.harness import (
     neli_connection,
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 from neli_orchestrate.spark import TokenCommitGuard
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark]

@@ -20,7 +20,7 @@ from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.airflow.operators.fenced import fence_downstream, is_fenced
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
 from neli_orchestrate.decision import Outcome, skipped_by_work
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka]
 

@@ -45,7 +45,7 @@ def test_a_recreated_ledger_is_refused_here_and_cannot_overwrite_output_from_els
     new container) runs the run key again, but the token-checked sink refuses the smaller
     token, so the published output is not lost either way."""
     from neli_orchestrate import StaleTokenError
-    from neli_orchestrate.ledger import LedgerError
+    from neli_orchestrate.ledger.record import LedgerError
     from neli_orchestrate.spark import TokenCommitGuard
 
     namespace = f"bad{uuid.uuid4().hex[:8]}"

@@ -8,7 +8,7 @@ import pytest
 from cli_helpers import cli, new_namespace, singleton
 from confluent_kafka import Producer
 
-from neli_orchestrate.ledger import encode_key
+from neli_orchestrate.ledger.record import encode_key
 
 pytestmark = pytest.mark.kafka
 

@@ -21,7 +21,7 @@ import pytest
 from cli_helpers import new_namespace, singleton
 
 from neli_orchestrate.cli.run import EXIT_FENCED, EXIT_WAIT_TIMEOUT
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = pytest.mark.kafka
 

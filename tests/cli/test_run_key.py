@@ -76,7 +76,7 @@ def test_a_fence_stops_the_whole_process_group_before_the_claim_hears_of_it(tmp_
 
     from neli_orchestrate.cli.run import _supervise
     from neli_orchestrate.decision import Outcome
-    from neli_orchestrate.singleton import Run
+    from neli_orchestrate.singleton.run import Run
 
     pids = tmp_path / "pids"
     script = ("import os, signal, subprocess, sys, time\n"

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
-from neli_orchestrate.core import Neli
+from neli_orchestrate.core.neli import Neli
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger import KafkaLedger, KafkaLedgerConfig
+from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
 from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
 
 pytestmark = pytest.mark.kafka

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from neli_orchestrate import NeliConfig
-from neli_orchestrate.core import Neli
+from neli_orchestrate.core.neli import Neli
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.testing.local_kafka import KAFKA_VERSION
 

@@ -18,7 +18,9 @@ import threading
 import time
 from typing import Any
 
-from neli_orchestrate.core import LeaderEvent, LeaderRevoked, Neli, NeliConfig
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.events import LeaderEvent, LeaderRevoked
+from neli_orchestrate.core.neli import Neli
 
 
 class Out:

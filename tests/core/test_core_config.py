@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from neli_orchestrate.core import PROFILES, PROTECTED_KAFKA_SETTINGS, NeliConfig
+from neli_orchestrate.core.config import PROFILES, PROTECTED_KAFKA_SETTINGS, NeliConfig
 from neli_orchestrate.core.confluent import consumer_settings, producer_settings
 from neli_orchestrate.errors import ConfigError, NeliError
 

@@ -11,23 +11,21 @@ import threading
 import pytest
 from core_fakes import FakeClients, FakeCluster, kinds
 
-from neli_orchestrate.core import (
-    FakeClock,
-    LeaderAcquired,
-    LeaderEvent,
-    LeaderFenced,
-    LeaderRevoked,
-    Neli,
-    NeliConfig,
-)
+from neli_orchestrate.core.clock import FakeClock
+from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.events import (
     REASON_BARRIER_OVERRAN,
     REASON_HEARTBEAT_TIMEOUT,
     REASON_MAX_POLL,
     REASON_MEMBERSHIP_UNCONFIRMED,
     REASON_PARTITION_LOST,
+    LeaderAcquired,
+    LeaderEvent,
+    LeaderFenced,
+    LeaderRevoked,
 )
 from neli_orchestrate.core.heartbeat import Heartbeat
+from neli_orchestrate.core.neli import Neli
 from neli_orchestrate.errors import KafkaUnavailableError, NeliError
 
 SESSION = 1.0
@@ -525,7 +523,7 @@ def test_assignment_beyond_the_start_up_partition_count_is_fatal() -> None:
 
 
 def test_neli_satisfies_the_shared_protocol_of_neli_and_mock() -> None:
-    from neli_orchestrate.core import NeliLike
+    from neli_orchestrate.core.neli import NeliLike
 
     neli, cluster, rec = make()
     assert isinstance(neli, NeliLike)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from core_fakes import FakeClients, FakeCluster, kinds
 
-from neli_orchestrate.core import FakeClock, LeaderEvent, LeaderRevoked, Neli, NeliConfig
-from neli_orchestrate.core.events import REASON_LEASE_EXPIRED
+from neli_orchestrate.core.clock import FakeClock
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.events import REASON_LEASE_EXPIRED, LeaderEvent, LeaderRevoked
+from neli_orchestrate.core.neli import Neli
 from neli_orchestrate.errors import TopicMismatchError
 
 SESSION = 1.0

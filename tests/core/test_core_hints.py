@@ -11,9 +11,12 @@ from __future__ import annotations
 import pytest
 from core_fakes import FakeClients, FakeCluster, FakeConsumer
 
-from neli_orchestrate.core import FakeClock, LeaderEvent, Neli, NeliConfig
+from neli_orchestrate.core.clock import FakeClock
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.events import LeaderEvent
 from neli_orchestrate.core.heartbeat import Heartbeat, ReleaseHint, decode_heartbeat, decode_hint
 from neli_orchestrate.core.hints import _NUDGE_RETRIES, _NUDGE_RETRY
+from neli_orchestrate.core.neli import Neli
 
 SETTINGS: dict[str, object] = dict(
     bootstrap_servers="fake:0", group_id="g", session_timeout=1.0, heartbeat_timeout=0.3,

@@ -7,17 +7,11 @@ import threading
 
 import pytest
 
-from neli_orchestrate.core import (
-    FakeClock,
-    LeaderAcquired,
-    LeaderEvent,
-    LeaderFenced,
-    LeaderRevoked,
-    MockNeli,
-    Neli,
-    NeliConfig,
-    NeliLike,
-)
+from neli_orchestrate.core.clock import FakeClock
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.events import LeaderAcquired, LeaderEvent, LeaderFenced, LeaderRevoked
+from neli_orchestrate.core.mock import MockNeli
+from neli_orchestrate.core.neli import Neli, NeliLike
 from neli_orchestrate.errors import NeliError
 
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from neli_orchestrate.core import HashSlots, MockNeli, partition_for, stable_hash
+from neli_orchestrate.core.mock import MockNeli
+from neli_orchestrate.core.roles import HashSlots, partition_for, stable_hash
 from neli_orchestrate.errors import ConfigError
 
 
@@ -27,7 +28,7 @@ def test_named_roles_use_crc32_of_their_utf8_bytes() -> None:
 
 def test_role_mapping_is_identical_in_a_process_with_another_hash_seed() -> None:
     names = ["billing", "compaction", "daily_flights/2013-01-01"]
-    code = ("from neli_orchestrate.core import partition_for;"
+    code = ("from neli_orchestrate.core.roles import partition_for;"
             f"print([partition_for(n, 5) for n in {names!r}])")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

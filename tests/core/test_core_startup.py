@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from core_fakes import FakeAdmin, FakeClients, FakeCluster
 
-from neli_orchestrate.core import FakeClock, Neli, NeliConfig
+from neli_orchestrate.core.clock import FakeClock
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.neli import Neli
 from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import (
     AuthorizationError,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neli_orchestrate.ledger import LedgerRecord, parse_record
+from neli_orchestrate.ledger.record import LedgerRecord, parse_record
 
 HERE = Path(__file__).resolve().parent
 REGION_SCRIPT = HERE / "dagster_region.py"

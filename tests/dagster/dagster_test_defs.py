@@ -148,7 +148,7 @@ class TestSpark(dg.ConfigurableResource):
         if self._session is None:
             from pyspark.sql import SparkSession
 
-            from neli_orchestrate.spark import local_spark_conf
+            from neli_orchestrate.spark.conf import local_spark_conf
 
             builder = SparkSession.builder.master("local[2]").appName("neli dagster fencing")
             conf = {**local_spark_conf(), "spark.pyspark.python": sys.executable}

@@ -16,11 +16,12 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from neli_orchestrate.core import MockNeli, NeliConfig
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.mock import MockNeli
 from neli_orchestrate.dagster import NeliResource, NeliRun, singleton_asset
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger import RunState
-from neli_orchestrate.singleton import Singleton
+from neli_orchestrate.ledger.record import RunState
+from neli_orchestrate.singleton.singleton import Singleton
 from neli_orchestrate.testing.memory_ledger import MemoryLedger
 
 pytestmark = [pytest.mark.dagster]

@@ -10,16 +10,10 @@ import dagster as dg
 import pydantic
 import pytest
 
-from neli_orchestrate.core import NeliConfig
-from neli_orchestrate.dagster import (
-    GATE_OUTPUT,
-    NeliResource,
-    NeliRun,
-    default_role,
-    default_run_key,
-    leader_gate_op,
-    singleton_asset,
-)
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.dagster import NeliResource, NeliRun, leader_gate_op, singleton_asset
+from neli_orchestrate.dagster.gates import GATE_OUTPUT
+from neli_orchestrate.dagster.run import default_role, default_run_key
 from neli_orchestrate.errors import ConfigError
 
 pytestmark = [pytest.mark.dagster]

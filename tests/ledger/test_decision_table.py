@@ -23,7 +23,8 @@ from neli_orchestrate.decision import (
     skipped_reason,
 )
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger import LedgerRecord, Replay, ReplayBuilder, RunState
+from neli_orchestrate.ledger.record import LedgerRecord, RunState
+from neli_orchestrate.ledger.replay import Replay, ReplayBuilder
 from neli_orchestrate.liveness import DeploymentLiveness, Liveness
 
 NOW = 1_736_000_000.0

@@ -12,21 +12,20 @@ import zlib
 import pytest
 
 from neli_orchestrate.errors import ConfigError, UnreadableRecordError
-from neli_orchestrate.ledger import (
+from neli_orchestrate.ledger.kafka import KafkaLedgerConfig
+from neli_orchestrate.ledger.record import (
     LEDGER_SCHEMA_VERSION,
-    KafkaLedgerConfig,
     LedgerError,
     LedgerRecord,
     MalformedRecordError,
-    ReplayBuilder,
     RunState,
     decode_key,
     encode_key,
-    expired_run_keys,
     parse_record,
     role_key_prefix,
     role_partition,
 )
+from neli_orchestrate.ledger.replay import ReplayBuilder, expired_run_keys
 
 NOW = 1_736_000_000.0
 
@@ -114,7 +113,8 @@ def test_decode_key_rejects_what_is_not_a_ledger_key() -> None:
 
 def test_role_partition_is_crc32_and_the_same_in_every_process() -> None:
     assert role_partition("daily_flights", 7) == zlib.crc32(b"daily_flights") % 7
-    code = "from neli_orchestrate.ledger import role_partition as p; print(p('daily_flights', 12))"
+    code = ("from neli_orchestrate.ledger.record import role_partition as p; "
+            "print(p('daily_flights', 12))")
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True,

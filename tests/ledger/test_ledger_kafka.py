@@ -24,15 +24,9 @@ from neli_orchestrate.errors import (
     KafkaUnavailableError,
     TopicMismatchError,
 )
-from neli_orchestrate.ledger import (
-    KafkaLedger,
-    KafkaLedgerConfig,
-    LedgerRecord,
-    RunState,
-    encode_key,
-    expire,
-    role_partition,
-)
+from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
+from neli_orchestrate.ledger.record import LedgerRecord, RunState, encode_key, role_partition
+from neli_orchestrate.ledger.store import expire
 
 pytestmark = pytest.mark.kafka
 

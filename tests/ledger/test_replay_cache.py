@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from neli_orchestrate.errors import UnreadableRecordError
-from neli_orchestrate.ledger import LedgerError, LedgerRecord, RunState, encode_key
 from neli_orchestrate.ledger.cache import Checkpoint, ReplayCache, refusal
+from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState, encode_key
 from neli_orchestrate.ledger.replay import ReplayBuilder
 
 ROLE = "daily_flights"

@@ -13,15 +13,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from neli_orchestrate.errors import UnreadableRecordError
-from neli_orchestrate.ledger import (
-    KafkaLedger,
-    KafkaLedgerConfig,
-    LedgerError,
-    LedgerRecord,
-    RunState,
-    encode_key,
-)
 from neli_orchestrate.ledger import kafka as ledger_kafka
+from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
+from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState, encode_key
 
 pytestmark = pytest.mark.kafka
 

@@ -17,7 +17,7 @@ from confluent_kafka.admin import NewTopic
 from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
 from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import AcquireTimeoutError, SkippedRun
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 from neli_orchestrate.liveness import (
     AnnouncerConfig,
     DeploymentLiveness,

@@ -24,7 +24,7 @@ from neli_orchestrate.errors import (
     KafkaUnavailableError,
     PermanentKafkaError,
 )
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = pytest.mark.kafka
 

@@ -26,7 +26,7 @@ from neli_orchestrate.acls import required_acls
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.airflow.operators.fenced import fenced
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = pytest.mark.kafka
 

@@ -13,7 +13,7 @@ from security_harness import logged, materialize_a_day
 from neli_orchestrate.acls import required_acls
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.errors import KafkaUnavailableError
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = [pytest.mark.kafka, pytest.mark.airflow]
 

@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 
-from neli_orchestrate.sim import SimConfig, run_seed, run_seeds
+from neli_orchestrate.sim.config import SimConfig
 from neli_orchestrate.sim.model import EXEC_STEPS, GATE_STEPS, STEP_STEPS, WRITE_STEPS
+from neli_orchestrate.sim.runner import run_seed, run_seeds
 
 SEEDS = 10_000
 
@@ -73,7 +74,7 @@ def test_a_seed_replays_the_identical_trace() -> None:
 
 def _trace_digest(seed: int, hash_seed: str) -> str:
     code = (
-        "import hashlib, sys; from neli_orchestrate.sim import run_seed, format_trace;"
+        "import hashlib, sys; from neli_orchestrate.sim.runner import run_seed, format_trace;"
         f"print(hashlib.sha256(format_trace(run_seed({seed}).trace).encode()).hexdigest())"
     )
     out = subprocess.run(
@@ -84,7 +85,7 @@ def _trace_digest(seed: int, hash_seed: str) -> str:
 
 
 def test_a_seed_replays_identically_in_another_process_with_other_hash_salt() -> None:
-    from neli_orchestrate.sim import format_trace
+    from neli_orchestrate.sim.runner import format_trace
 
     local = hashlib.sha256(format_trace(run_seed(1234).trace).encode()).hexdigest()
     assert {_trace_digest(1234, "0"), _trace_digest(1234, "987")} == {local}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from neli_orchestrate.decision import Claimant, Decision, DecisionPolicy, Outcome, decide
-from neli_orchestrate.ledger import LedgerRecord
-from neli_orchestrate.sim import SimConfig, run_seed, run_seeds
+from neli_orchestrate.ledger.record import LedgerRecord
+from neli_orchestrate.sim.config import SimConfig
+from neli_orchestrate.sim.runner import run_seed, run_seeds
 
 # mutation -> invariants that may catch it
 EXPECTED = {

@@ -24,7 +24,7 @@ from test_singleton_kafka import (
 from worker import TIMINGS
 
 from neli_orchestrate import NeliConfig, Singleton, SingletonConfig, SkippedRun
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.ledger.record import RunState
 
 pytestmark = pytest.mark.kafka
 

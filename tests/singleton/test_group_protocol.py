@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from neli_orchestrate import NeliConfig, SingletonConfig
-from neli_orchestrate.core import Neli
+from neli_orchestrate.core.neli import Neli
 
 pytestmark = pytest.mark.kafka
 

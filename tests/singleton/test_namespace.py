@@ -144,7 +144,7 @@ def test_deployments_through_different_front_doors_share_group_and_ledger(
     try:
         # Shared group: while the plain deployment's member leads, the hook's deployment sees
         # it in the role's group (and would not join; see the busy-group rule).
-        from neli_orchestrate.core import Neli
+        from neli_orchestrate.core.neli import Neli
 
         member = Neli(east.config.role_neli("daily"))
         try:

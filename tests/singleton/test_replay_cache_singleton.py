@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from neli_orchestrate import NeliConfig, Outcome, Singleton, SingletonConfig
-from neli_orchestrate.ledger import LedgerError
+from neli_orchestrate.ledger.record import LedgerError
 
 pytestmark = pytest.mark.kafka
 
@@ -86,7 +86,7 @@ def test_a_gate_refuses_to_claim_after_the_ledger_topic_was_recreated(
 def test_a_first_replay_from_offset_zero_happens_before_joining_not_while_leading(
     kafka_broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from neli_orchestrate.ledger import KafkaLedger
+    from neli_orchestrate.ledger.kafka import KafkaLedger
     from neli_orchestrate.singleton import leadership as singleton_module
 
     namespace = f"cache{uuid.uuid4().hex[:8]}"

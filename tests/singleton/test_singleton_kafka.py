@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from neli_orchestrate.ledger import LedgerRecord, RunState, decode_key
+from neli_orchestrate.ledger.record import LedgerRecord, RunState, decode_key
 
 pytestmark = pytest.mark.kafka
 

@@ -21,8 +21,9 @@ from neli_orchestrate import (
     SingletonConfig,
     SkippedRun,
 )
-from neli_orchestrate.core import LeaderRevoked, MockNeli
-from neli_orchestrate.ledger import RunState
+from neli_orchestrate.core.events import LeaderRevoked
+from neli_orchestrate.core.mock import MockNeli
+from neli_orchestrate.ledger.record import RunState
 from neli_orchestrate.testing.memory_ledger import MemoryLedger
 
 ROLE = "daily_flights"

@@ -16,7 +16,8 @@ from confluent_kafka import Producer
 
 from neli_orchestrate import NeliConfig, Outcome, Singleton, SingletonConfig
 from neli_orchestrate.errors import UnreadableRecordError
-from neli_orchestrate.ledger import Replay, RunState, encode_key, role_partition
+from neli_orchestrate.ledger.record import RunState, encode_key, role_partition
+from neli_orchestrate.ledger.replay import Replay
 
 pytestmark = pytest.mark.kafka
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from neli_orchestrate import FencedError, NeliConfig, Outcome, Singleton, SingletonConfig
 from neli_orchestrate.errors import StaleTokenError
-from neli_orchestrate.ledger import KafkaLedger, RunState
+from neli_orchestrate.ledger.kafka import KafkaLedger
+from neli_orchestrate.ledger.record import RunState
 
 # Fast profile with wider margins than its defaults: the tests run on 2 busy cores, and a
 # spurious fence would be a (safe) fault in tests that assert fault-free behaviour. The group

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 
 from neli_orchestrate.errors import ConfigError, StaleTokenError
-from neli_orchestrate.spark import (
+from neli_orchestrate.spark import TokenCommitGuard
+from neli_orchestrate.spark.commit import (
     MARKER_NAME,
     CommitConflictError,
     CommitLockTimeout,
     CommitMarkerError,
-    TokenCommitGuard,
+    _exchange,
     commit_output,
     escape_run_key,
 )
-from neli_orchestrate.spark.commit import _exchange
 
 RUN_KEY = "2013-01-05"
 

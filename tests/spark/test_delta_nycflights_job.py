@@ -14,7 +14,8 @@ from pathlib import Path
 from deltalake import DeltaTable
 from test_nycflights_spark_submit import expected_performance, spark_submit_binary
 
-from neli_orchestrate.spark import local_spark_conf, neli_spark_conf, spark_submit_env
+from neli_orchestrate.spark import neli_spark_conf
+from neli_orchestrate.spark.conf import local_spark_conf, spark_submit_env
 from neli_orchestrate.spark.delta import delta_app_id
 from neli_orchestrate.testing.table_jars import ensure_table_format_jars, spark_jars
 

@@ -18,7 +18,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from neli_orchestrate.spark import MARKER_NAME, local_spark_conf, neli_spark_conf, spark_submit_env
+from neli_orchestrate.spark import neli_spark_conf
+from neli_orchestrate.spark.commit import MARKER_NAME
+from neli_orchestrate.spark.conf import local_spark_conf, spark_submit_env
 
 JOB = Path(__file__).resolve().parents[2] / "dags" / "jobs" / "nycflights_daily.py"
 DATE = "2013-02-08"  # the February 2013 blizzard: many cancellations and poor visibility

@@ -42,7 +42,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dagtest_runner import run_dag, start_dag  # noqa: E402
 
-from neli_orchestrate.ledger import RunState  # noqa: E402
+from neli_orchestrate.ledger.record import RunState  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.airflow, pytest.mark.kafka]
 
@@ -479,7 +479,8 @@ def test_the_pyspark_nycflights_job_runs_on_the_cluster_in_client_mode_behind_th
     # The example DAG itself (dags/nycflights_daily.py: deferrable gate, stock
     # SparkSubmitOperator) with spark_default = the cluster's master: the driver runs in the
     # task's spark-submit, the executors on the worker.
-    from neli_orchestrate.spark import MARKER_NAME, TokenCommitGuard
+    from neli_orchestrate.spark import TokenCommitGuard
+    from neli_orchestrate.spark.commit import MARKER_NAME
 
     out = tmp_path / "nycflights"
     (tmp_path / "dags").mkdir()

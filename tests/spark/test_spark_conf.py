@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.spark import (
+from neli_orchestrate.claim import (
     ATTEMPT_CONF,
     DEPLOYMENT_CONF,
     ROLE_CONF,
     RUN_KEY_CONF,
     TOKEN_CONF,
+)
+from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.spark import cancel_on_fence, neli_spark_conf, read_neli_conf
+from neli_orchestrate.spark.conf import (
     NeliSparkConf,
-    cancel_on_fence,
     local_spark_conf,
-    neli_spark_conf,
-    read_neli_conf,
     spark_home,
     spark_submit_env,
 )

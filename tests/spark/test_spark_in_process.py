@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from neli_orchestrate.errors import StaleTokenError
-from neli_orchestrate.spark import cancel_on_fence, local_spark_conf, write_parquet_fenced
+from neli_orchestrate.spark import cancel_on_fence, write_parquet_fenced
+from neli_orchestrate.spark.conf import local_spark_conf
 
 pytestmark = pytest.mark.spark
 

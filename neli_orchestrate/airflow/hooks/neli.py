@@ -36,8 +36,9 @@ from neli_orchestrate.settings import NeliSettings, parse
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-    from neli_orchestrate.core import NeliConfig
-    from neli_orchestrate.singleton import Singleton, SingletonConfig
+    from neli_orchestrate.core.config import NeliConfig
+    from neli_orchestrate.singleton.config import SingletonConfig
+    from neli_orchestrate.singleton.singleton import Singleton
 
 logger = logging.getLogger(__name__)
 
@@ -380,7 +381,7 @@ class NeliHook(BaseHook):
     def get_singleton(self) -> Singleton:
         """Return a new :class:`~neli_orchestrate.Singleton`; close it after use."""
         from neli_orchestrate.airflow.metrics import to_airflow_stats
-        from neli_orchestrate.singleton import Singleton
+        from neli_orchestrate.singleton.singleton import Singleton
 
         # Claims, skips, takeovers, fences and time-to-lead go to Airflow's Stats.
         return Singleton(self.singleton_config(), metrics=to_airflow_stats)

@@ -397,7 +397,7 @@ def _timeline_html(st: RoleStatus, now: float) -> str:
 def _ran_in_html(data: Overview, urls: dict[str, str], dag_id: str | None) -> str:
     """Which deployment completed the run key, with its token, and a link to its run there."""
     from neli_orchestrate.airflow.assets import ran_url
-    from neli_orchestrate.ledger import RunState
+    from neli_orchestrate.ledger.record import RunState
 
     done = [e.record for e in data.run_history
             if e.record is not None and e.record.state is RunState.COMPLETED]

@@ -15,7 +15,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG
 
 from neli_orchestrate.airflow import LeaderGateOperator
-from neli_orchestrate.spark import local_spark_conf, spark_submit_env
+from neli_orchestrate.spark.conf import local_spark_conf, spark_submit_env
 
 with DAG(
     dag_id="neli_fence_test",
