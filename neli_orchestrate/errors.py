@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class NeliError(Exception):
     """Base class of every error raised by neli_orchestrate."""
@@ -44,7 +46,16 @@ class StaleTokenError(NeliError):
 
 
 class SkippedRun(NeliError):
-    """The run needs no work here: it was completed (or is owned) by another deployment."""
+    """The run needs no work here: it was completed (or is owned) by another deployment.
+
+    ``record`` is the ledger record that says so (the run key's ``COMPLETED`` record), when
+    known: an orchestrator reads from it which deployment ran the run, and its token.
+    """
+
+    def __init__(self, message: str, *, record: Any = None) -> None:
+        super().__init__(message)
+        #: The run key's latest ledger record (``LedgerRecord``), or None.
+        self.record = record
 
 
 class WorkSkipped(NeliError):

@@ -131,24 +131,44 @@ def stamp_outlet_events(task: Any, context: Mapping[str, Any], claim: RunClaim) 
 
     Called by the fenced execution in the region that runs the work; user-set extra keys stay.
     """
-    events = context.get("outlet_events")
-    assets, _ = concrete_outlets(task)
-    if events is None or not assets:
-        return
     # The gate's XCom always names role and deployment; only a Spark conf form may lack them.
-    value = identity(
+    _stamp(task, context, identity(
         deployment=claim.deployment or "",
         role=claim.role or "",
         run_key=claim.run_key,
         token=claim.token,
         proxy=False,
         recorded_by=claim.deployment or "",
-    )
+    ))
+
+
+def stamp_proxy_outlet_events(
+    task: Any, context: Mapping[str, Any], record: LedgerRecord, *, role: str, run_key: str,
+    here: str,
+) -> list[Any]:
+    """Make the asset events ``task`` emits on success events by proxy of a run another
+    deployment completed (:func:`proxy_identity` of its ``COMPLETED`` record), as the gate's.
+
+    Called by a fenced try that finds its run completed by a deployment that took it over
+    (the task then succeeds without running the work). Returns the assets stamped.
+    """
+    return _stamp(task, context, proxy_identity(record, role=role, run_key=run_key, here=here))
+
+
+def _stamp(task: Any, context: Mapping[str, Any], value: dict[str, Any]) -> list[Any]:
+    events = context.get("outlet_events")
+    assets, _ = concrete_outlets(task)
+    if events is None or not assets:
+        return []
+    stamped = []
     for asset in assets:
         try:
             events[asset].extra[EXTRA_KEY] = value
         except (KeyError, TypeError, ValueError) as exc:  # an unresolvable reference
             logger.warning("cannot stamp the asset event of %r with the NELI run: %s", asset, exc)
+        else:
+            stamped.append(asset)
+    return stamped
 
 
 def identities(events: Iterable[Any]) -> list[dict[str, Any]]:
@@ -198,4 +218,5 @@ __all__ = [
     "ran_url",
     "run_key_after_assets",
     "stamp_outlet_events",
+    "stamp_proxy_outlet_events",
 ]

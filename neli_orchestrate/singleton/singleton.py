@@ -300,7 +300,8 @@ class Singleton:
             log.info("role %r run %r: claim %s is %s: %s", role, run_key, token, check.status,
                      check.reason)
             if check.status is ClaimStatus.COMPLETED:
-                raise SkippedRun(f"run {run_key!r} of role {role!r} is {check.reason}")
+                raise SkippedRun(f"run {run_key!r} of role {role!r} is {check.reason}",
+                                 record=latest)
             if check.ok and latest is not None:
                 record = latest.advance(RunState.RUNNING, at=now, member=me.member)
                 decision_outcome, reason = Outcome.RUN, check.reason
@@ -349,7 +350,8 @@ class Singleton:
                      run_key, token, record.token, decision.outcome)
             return record, decision.outcome, decision.reason
         if decision.outcome is Outcome.SKIP_DONE:
-            raise SkippedRun(f"run {run_key!r} of role {role!r} is {decision.reason}")
+            raise SkippedRun(f"run {run_key!r} of role {role!r} is {decision.reason}",
+                             record=latest)
         if decision.outcome is Outcome.WAIT:
             until = ("" if decision.wait_until is None else " until " + time.strftime(
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(decision.wait_until)))

@@ -78,10 +78,12 @@ def seed_completed_elsewhere(connection: dict[str, Any], claim_now: Any) -> Any:
     return done
 
 
-def region_with(tmp_path: Path, bootstrap: str, namespace: str, gate_args: str) -> AirflowRegion:
+def region_with(tmp_path: Path, bootstrap: str, namespace: str, gate_args: str,
+                producer: str | None = None, **extra: Any) -> AirflowRegion:
     dags = tmp_path / "dags"
     dags.mkdir()
-    (dags / "proxy_producer.py").write_text(textwrap.dedent(PRODUCER.format(gate_args=gate_args)))
+    (dags / "proxy_producer.py").write_text(
+        textwrap.dedent(producer or PRODUCER.format(gate_args=gate_args)))
     (dags / "proxy_consumer.py").write_text(textwrap.dedent(CONSUMER))
     settings = tmp_path / "local_settings"
     settings.mkdir()
@@ -91,7 +93,7 @@ def region_with(tmp_path: Path, bootstrap: str, namespace: str, gate_args: str) 
     )
     config = RegionConfig(
         HERE,
-        connections={"neli_default": connection_for(bootstrap, HERE, namespace)},
+        connections={"neli_default": connection_for(bootstrap, HERE, namespace, **extra)},
         connection_source="environment",
         env={"PYTHONPATH": f"{settings}:{REPO}"},
     )
@@ -100,7 +102,8 @@ def region_with(tmp_path: Path, bootstrap: str, namespace: str, gate_args: str) 
     return region
 
 
-def connection_for(bootstrap: str, deployment: str, namespace: str) -> dict[str, Any]:
+def connection_for(bootstrap: str, deployment: str, namespace: str, **extra: Any,
+                   ) -> dict[str, Any]:
     return neli_connection(
         bootstrap,
         deployment,
@@ -109,6 +112,7 @@ def connection_for(bootstrap: str, deployment: str, namespace: str) -> dict[str,
         session_timeout=6,
         heartbeat_timeout=2,
         acquire_timeout=10,
+        **extra,
     )
 
 
@@ -192,6 +196,134 @@ def test_proxy_asset_events_off_the_region_records_no_event(
     assert states(region)["job"] == "skipped"
     assert asset_events(region) == []
     assert consumer_queued(region) == 0
+
+
+# The take-over case: this region's gate claimed the date, its job's first try failed, and the
+# other region took the run over and completed it before the retry. The job's retry waits (in
+# pre_execute, before the fenced execution) until the other region has completed the run.
+RETRY_PRODUCER = """
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG, Asset
+from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
+
+WORK, TAKEN_OVER = Path({work!r}), Path({taken_over!r})
+
+
+def after_the_take_over(context):
+    if context["ti"].try_number < 2:
+        return
+    deadline = time.monotonic() + 240
+    while not TAKEN_OVER.exists():
+        assert time.monotonic() < deadline, "the other region never completed the run"
+        time.sleep(0.2)
+
+
+with DAG("proxy_producer", schedule="@daily", start_date=pendulum.datetime(2013, 1, 1),
+         catchup=False) as dag:
+    gate = LeaderGateOperator(task_id="claim_run", role="proxy_producer",
+                              singleton_tasks=["cleanup"], poke_interval=1, timeout=120)
+    job = BashOperator(task_id="job", outlets=[Asset("proxy_table")],
+                       bash_command="echo {{{{ ti.try_number }}}} >> {work} && exit 1",
+                       retries=1, retry_delay=timedelta(seconds=0),
+                       pre_execute=after_the_take_over)
+    gate >> job >> BashOperator(task_id="per_region", bash_command="echo every region",
+                                trigger_rule="none_failed")
+    job >> BashOperator(task_id="cleanup", bash_command="echo cleanup", trigger_rule="all_done")
+"""
+
+OTHER_UI = "http://airflow.eu-west-1.invalid:8080"
+
+
+def take_over_when_failed_here(connection: dict[str, Any], claim_now: Any, flag: Path,
+                               errors: list[BaseException]) -> None:
+    """The other region: once this region's first try FAILED, take the run over, complete it,
+    and let this region's retry go on (``flag``)."""
+    import time
+
+    from airflow.sdk import Connection
+
+    conn = Connection(conn_id="other", conn_type="neli", host=connection["host"],
+                      extra=json.dumps(connection["extra"]))
+    try:
+        with NeliHook("other", connection=conn).get_singleton() as other:
+            deadline = time.monotonic() + 240
+            while True:
+                record = other.status(ROLE, RUN_KEY)
+                if record is not None and record.state is RunState.FAILED:
+                    break
+                assert time.monotonic() < deadline, f"this region's try never failed: {record}"
+                time.sleep(0.3)
+            assert record.deployment == HERE, record
+            reservation = claim_now(other, ROLE, RUN_KEY)  # after this region's retry window
+            other.execute(ROLE, RUN_KEY, reservation.token, lambda run: None)
+        flag.write_text(str(reservation.token))
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        errors.append(exc)
+        flag.write_text("failed")
+
+
+def xcom(region: AirflowRegion, task_id: str, key: str) -> Any:
+    rows = query(region, "SELECT value FROM xcom WHERE dag_id = 'proxy_producer' AND task_id = ?"
+                 " AND key = ?", task_id, key)
+    if not rows:
+        return None
+    value = json.loads(rows[0][0])
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@pytest.mark.timeout(600)
+def test_a_retry_that_finds_the_run_taken_over_and_completed_elsewhere_emits_by_proxy(
+    warm_broker: str, tmp_path: Path, claim_now: Any
+) -> None:
+    import threading
+
+    namespace = f"proxy{uuid.uuid4().hex[:8]}"
+    work, flag = tmp_path / "work.log", tmp_path / "taken_over"
+    producer = RETRY_PRODUCER.format(work=str(work), taken_over=str(flag))
+    region = region_with(tmp_path, warm_broker, namespace, gate_args="", producer=producer,
+                         handoff_timeout=3, region_urls={OTHER: OTHER_UI})
+    errors: list[BaseException] = []
+    other = threading.Thread(target=take_over_when_failed_here, daemon=True, args=(
+        connection_for(warm_broker, OTHER, namespace, handoff_timeout=3), claim_now, flag,
+        errors))
+    other.start()
+
+    output = run_producer(region)
+    other.join(60)
+
+    assert not errors, errors
+    token = int(flag.read_text())
+    assert work.read_text().split() == ["1"], output[-5000:]  # the retry ran no work
+    assert states(region) == {
+        "claim_run": "success",  # claimed here
+        "job": "success",  # the retry: succeeded without running the work
+        "cleanup": "skipped",  # part of the singleton, skipped by the retry (would run: all_done)
+        "per_region": "success",  # none_failed: runs in every region
+    }
+    line = (f"was completed by deployment '{OTHER}' with token {token} after an earlier try "
+            "here; this try did not run the work")
+    assert line in output, output[-5000:]
+    [(source, asset, extra)] = asset_events(region)
+    assert (source, asset) == ("job", "proxy_table")
+    assert extra["neli"] == {
+        "deployment": OTHER,
+        "role": ROLE,
+        "run_key": RUN_KEY,
+        "token": token,
+        "proxy": True,
+        "recorded_by": HERE,
+        "completed_at": extra["neli"]["completed_at"],
+    }
+    assert consumer_queued(region) == 1  # the asset-scheduled DAG runs here too
+    # what the "Ran in region" extra link of job and cleanup reads
+    done = xcom(region, "job", "neli_done")
+    assert (done["deployment"], done["token"], done["skipped"]) == (OTHER, token, ["cleanup"])
+    assert done["url"].startswith(f"{OTHER_UI}/neli/ran?") and f"token={token}" in done["url"]
 
 
 # Two gates' first events by proxy through the same alias, in the same instant, as the API

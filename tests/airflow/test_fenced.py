@@ -249,6 +249,75 @@ def test_completed_elsewhere_skips_the_task(fake) -> None:
     assert task.executed == 0
 
 
+def completed_by(deployment: str, token: int = 9) -> Any:
+    from neli_orchestrate.ledger.record import LedgerRecord
+
+    return LedgerRecord(role=ROLE, run_key=RUN_KEY, state=RunState.COMPLETED, token=token,
+                        deployment=deployment, member=f"{deployment}/m", attempt=2,
+                        at=1_700_000_000.0)
+
+
+class PushTI(XComTI):
+    def __init__(self, claim: Any) -> None:
+        super().__init__(claim)
+        self.pushed: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
+def taken_over_dag(*, outlets: list[Any], singleton_tasks: list[str]) -> Any:
+    with DAG("fenced_dag", schedule=None, start_date=LOGICAL):
+        gate = LeaderGateOperator(task_id="claim_run", role=ROLE, singleton_tasks=singleton_tasks)
+        task = FencedRecorder(task_id="job", outlets=outlets)
+        gate >> task >> [BashOperator(task_id="cleanup", bash_command="true",
+                                      trigger_rule="all_done"),
+                         BashOperator(task_id="report", bash_command="true",
+                                      trigger_rule="none_failed")]
+    return task
+
+
+def test_a_retry_that_finds_the_run_taken_over_ends_as_the_gate_would_have(fake) -> None:
+    from airflow.sdk import Asset
+    from airflow.sdk.exceptions import DownstreamTasksSkipped
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from neli_orchestrate.airflow.assets import EXTRA_KEY
+
+    record = completed_by(B)
+    fake.error = SkippedRun("run is already completed by eu-west-1", record=record)
+    table = Asset("daily_table")
+    task = taken_over_dag(outlets=[table], singleton_tasks=["cleanup"])
+    ti, events = PushTI(claim()), OutletEventAccessors()
+    with pytest.raises(DownstreamTasksSkipped) as skipped:
+        task.execute({"ti": ti, "dag": task.dag, "outlet_events": events})
+    assert task.executed == 0
+    assert skipped.value.tasks == ["cleanup"]  # the rest of the singleton; report runs
+    neli = events[table].extra[EXTRA_KEY]
+    assert (neli["deployment"], neli["token"], neli["proxy"], neli["recorded_by"]) == (
+        B, 9, True, A)
+    done = ti.pushed["neli_done"]
+    assert (done["deployment"], done["token"], done["skipped"]) == (B, 9, ["cleanup"])
+
+    # outlets but no singleton_tasks: succeeds (returns) with the event by proxy
+    task = taken_over_dag(outlets=[table], singleton_tasks=[])
+    events = OutletEventAccessors()
+    assert task.execute({"ti": PushTI(claim()), "dag": task.dag, "outlet_events": events}) is None
+    assert events[table].extra[EXTRA_KEY]["deployment"] == B
+
+
+@pytest.mark.parametrize("deployment, outlets", [(A, True), (B, False)])
+def test_completed_here_or_nothing_to_do_as_the_gate_the_retry_is_skipped(
+        fake, deployment, outlets) -> None:
+    from airflow.sdk import Asset
+
+    fake.error = SkippedRun("run is already completed", record=completed_by(deployment))
+    task = taken_over_dag(outlets=[Asset("daily_table")] if outlets else [], singleton_tasks=[])
+    with pytest.raises(AirflowSkipException, match="completed"):
+        task.execute({"ti": PushTI(claim()), "dag": task.dag})
+    assert task.executed == 0
+
+
 def test_superseded_claim_fails_the_try_naming_the_new_owner_and_token(fake) -> None:
     fake.error = FencedError(
         "claim 5 of run 'x' is no longer ours: superseded by token 9 of eu-west-1 (CLAIMED)",

@@ -180,6 +180,32 @@ def test_run_link_points_gate_and_fenced_child_at_the_run_and_nothing_else(
     assert link.get_link(job, ti_key=other) == ""
 
 
+def test_ran_in_link_of_a_retry_that_found_the_run_taken_over_and_of_what_it_skipped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only the gate's XCom: a fenced task whose retry found the run completed by the
+    region that took it over records ``neli_done`` itself (operators.fenced)."""
+    from types import SimpleNamespace
+
+    from neli_orchestrate.airflow.plugins import leadership
+
+    url = "http://airflow.eu-west-1.invalid/neli/ran?role=daily&token=9"
+    xcoms = {("d", "job", "r1", "neli_done"): {"token": 9, "skipped": ["cleanup"], "url": url}}
+    monkeypatch.setattr(leadership, "_xcom", lambda *key: xcoms.get(key))
+    gate = SimpleNamespace(task_id="gate", task_type="LeaderGateOperator",
+                           _task_module="neli_orchestrate.airflow.operators.gate",
+                           downstream_task_ids={"job"})
+    job = SimpleNamespace(task_id="job", task_type="BashOperator", _task_module="x")
+    cleanup = SimpleNamespace(task_id="cleanup", task_type="BashOperator", _task_module="x")
+    report = SimpleNamespace(task_id="report", task_type="BashOperator", _task_module="x")
+    dag = SimpleNamespace(task_dict={t.task_id: t for t in (gate, job, cleanup, report)})
+    for task in dag.task_dict.values():
+        task.dag = dag
+    link = leadership.NeliRanInLink()
+    key = SimpleNamespace(dag_id="d", run_id="r1", map_index=-1)
+    assert [link.get_link(t, ti_key=key) for t in (gate, job, cleanup, report)] == [
+        "", url, url, ""]
+
+
 def test_the_plugin_links_proxy_aliases_before_airflow_handles_a_tasks_success(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The api-server's root middleware: a task-state PATCH with events by proxy first links

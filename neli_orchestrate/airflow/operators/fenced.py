@@ -21,7 +21,10 @@ What a fenced task does (through :meth:`neli_orchestrate.Singleton.execute`):
 
 1. Re-acquires leadership of the role and re-verifies the gate's claim. Superseded (another
    deployment claimed the run with a larger token) → the task FAILS naming the new owner and
-   token; completed elsewhere → the task is SKIPPED.
+   token; completed → the task is SKIPPED, except when another deployment completed it (it
+   took the run over after an earlier try here): then the try ends as the gate would have
+   ended the run (:func:`_end_as_the_gate_would`: it succeeds without running the work, with
+   its outlets' asset events by proxy, and skips the gate's ``singleton_tasks``).
 2. Hands the claim to the work: Spark conf ``spark.neli.*`` (SparkSubmitOperator), environment
    variables ``NELI_TOKEN``, ``NELI_RUN_KEY``, ``NELI_ROLE``, ``NELI_DEPLOYMENT`` (BashOperator
    and every subprocess), and the context key ``neli_claim`` (``@task`` functions: declare a
@@ -280,9 +283,82 @@ def run_fenced(
                     f"the claim belongs to deployment {claim.deployment!r} but this task's "
                     f"connection says {hook.deployment!r}; use the gate's connection"
                 )
-            return execution.run(singleton)
+            try:
+                return execution.run(singleton)
+            except SkippedRun as exc:
+                # decided below, once this try's member has left the role's group
+                skipped = exc
     except ConfigError as exc:
         raise AirflowFailException(f"NELI configuration error: {exc}") from exc
+    return _end_as_the_gate_would(task, gate, claim, context, skipped)
+
+
+def _end_as_the_gate_would(
+    task: Any, gate: Any, claim: RunClaim, context: Context, skipped: SkippedRun
+) -> None:
+    """End a try that found its run ``COMPLETED``: as the gate ends a run completed elsewhere.
+
+    Only when another deployment completed it (it took the run over after an earlier try
+    here failed or was killed, the gate having claimed the run here): the try does not run
+    the work, and, if there is anything only a successful task can do, it succeeds (Airflow
+    emits no asset event for a skipped task, and a skipped task skips nothing) with
+
+    - its outlets' asset events by proxy (the ``extra["neli"]`` of the gate's proxy events,
+      unless the gate has ``proxy_asset_events=False``), and
+    - the rest of the singleton skipped: the gate's ``singleton_tasks``
+      (:class:`~airflow.sdk.SkipMixin`, which raises ``DownstreamTasksSkipped``).
+
+    With neither (no outlets to proxy, no ``singleton_tasks``) the task is skipped, as the
+    gate would have skipped it. The run completed by this deployment (a cleared task), and
+    every other case, is skipped as before. Its XCom ``neli_done`` holds the record (the
+    "Ran in region" extra link reads it).
+    """
+    from airflow.sdk import SkipMixin
+
+    from neli_orchestrate.airflow.assets import (
+        concrete_outlets,
+        stamp_proxy_outlet_events,
+    )
+    from neli_orchestrate.airflow.claims import record_to_dict
+    from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY
+    from neli_orchestrate.ledger.record import RunState
+
+    record = skipped.record
+    here = claim.deployment or ""
+    if record is None or record.state is not RunState.COMPLETED or record.deployment == here:
+        raise AirflowSkipException(str(skipped)) from skipped
+    ti = context["ti"]
+    role = str(claim.role or getattr(gate, "role", ""))
+    proxied: list[Any] = []
+    if getattr(gate, "proxy_asset_events", True):
+        assets, refused = concrete_outlets(task)
+        if refused:
+            task.log.warning(
+                "Outlets %s of %r resolve to assets only inside the work: no event by proxy for "
+                "them", refused, task.task_id)
+        if assets:
+            proxied = stamp_proxy_outlet_events(task, context, record, role=role,
+                                                run_key=claim.run_key, here=here)
+    rest = [t for t in gate.singleton_task_list() if t.task_id != task.task_id]
+    done = record_to_dict(record) or {}
+    done["skipped"] = [t.task_id for t in rest]
+    url = gate.region_url(record, run_key=claim.run_key, child=task.task_id)
+    if url:
+        done["url"] = url
+    ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=done)
+    names = [getattr(a, "name", None) or getattr(a, "uri", None) for a in proxied]
+    if not proxied and not rest:
+        raise AirflowSkipException(
+            f"run {claim.run_key!r} of role {role!r} was completed by deployment "
+            f"{record.deployment!r} with token {record.token} after an earlier try here; this "
+            f"try did not run the work{': ' + url if url else ''}") from skipped
+    task.log.info(
+        "Run %r of role %r was completed by deployment %r with token %s after an earlier try "
+        "here; this try did not run the work: it succeeds with the asset event(s) by proxy %s "
+        "and skips the rest of the singleton %s, as the gate would have%s",
+        claim.run_key, role, record.deployment, record.token, names, done["skipped"],
+        f" (ran there: {url})" if url else "")
+    SkipMixin().skip(ti=ti, tasks=rest)  # raises DownstreamTasksSkipped when rest is not empty
 
 
 class _FencedExecution:
@@ -317,8 +393,6 @@ class _FencedExecution:
             return singleton.execute(
                 claim.role, claim.run_key, claim.token, self._work, on_fence=self._on_fence
             )
-        except SkippedRun as exc:
-            raise AirflowSkipException(str(exc)) from exc
         except WorkSkipped as exc:
             # recorded COMPLETED ("skipped by the task"); Airflow sees what the work raised
             if exc.original is not None:

@@ -209,7 +209,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
 
         self._check_fencing()
         run_key = self._resolve_run_key(context)
-        skipped_where_done = self._singleton_task_list()
+        skipped_where_done = self.singleton_task_list()
         hook = self._hook()
         try:
             with open_singleton(hook) as singleton:
@@ -293,7 +293,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
                 "airflow_local_settings.py"
             )
 
-    def _singleton_task_list(self) -> list[Any]:
+    def singleton_task_list(self) -> list[Any]:
         """The tasks skipped where the run completed elsewhere: the child, then singleton_tasks."""
         if self.dag is None:
             return list(self.downstream_list)
@@ -332,7 +332,8 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         if done is not None:
             # what the "Ran in region" extra link and the NELI page read (plugins/leadership)
             done["skipped"] = skipped
-            url = self._region_url(record, child=skipped[0] if skipped else None)
+            url = self.region_url(record, run_key=str(self.run_key),
+                                  child=skipped[0] if skipped else None)
             if url:
                 done["url"] = url
                 self.log.info(
@@ -345,8 +346,8 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         # records the gate's success with the outlet events added above.
         self.skip(ti=ti, tasks=tasks)
 
-    def _region_url(self, record: Any, *, child: str | None) -> str | None:
-        """The DAG run that ran this run key in ``record.deployment``'s UI, from the setting
+    def region_url(self, record: Any, *, run_key: str, child: str | None) -> str | None:
+        """The DAG run that ran ``run_key`` in ``record.deployment``'s UI, from the setting
         ``region_urls`` (``{"us-east-1": "https://airflow.us-east-1.example.com", ...}``):
         that region's NELI page redirects to its run (neli_orchestrate.airflow.assets.ran_url).
         None if the region's URL is unknown."""
@@ -360,7 +361,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         base = urls.get(record.deployment)
         if not base:
             return None
-        return ran_url(base, role=self.role, run_key=str(self.run_key), token=record.token,
+        return ran_url(base, role=self.role, run_key=run_key, token=record.token,
                        dag_id=self.dag_id, task_id=child)
 
     def _emit_by_proxy(self, context: Context, record: Any, tasks: list[Any], here: str) -> None:

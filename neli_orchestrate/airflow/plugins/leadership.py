@@ -182,11 +182,14 @@ def _decoded(value: Any) -> Any:
 
 class NeliRanInLink(BaseOperatorLink):
     """"Ran in region": from a gate that skipped a run another region completed, and from the
-    tasks it skipped, to that region's DAG run (through its ``/neli/ran``).
+    tasks it skipped, to that region's DAG run (through its ``/neli/ran``); likewise from a
+    fenced task whose retry found the run completed by a region that took it over, and from
+    the tasks that try skipped.
 
-    Resolved in the api-server from the gate's XCom ``neli_done`` of that DAG run, which holds
-    the ledger record, the skipped task ids and the address; the address is there only when the
-    connection's ``region_urls`` knows the running region's UI. No link otherwise.
+    Resolved in the api-server from the XCom ``neli_done`` of that DAG run's gate (or fenced
+    task), which holds the ledger record, the skipped task ids and the address; the address is
+    there only when the connection's ``region_urls`` knows the running region's UI. No link
+    otherwise.
     """
 
     name = "Ran in region"
@@ -196,20 +199,28 @@ class NeliRanInLink(BaseOperatorLink):
 
         dag = getattr(operator, "dag", None)
         if _is_gate(operator):
-            gates = [operator]
+            sources = [operator]
         elif dag is not None:
             gates = [t for _, t in sorted(dag.task_dict.items()) if _is_gate(t)]
+            # a fenced task whose retry found the run taken over and completed elsewhere
+            # records the same (operators.fenced._end_as_the_gate_would)
+            children = [dag.task_dict[c] for g in gates
+                        for c in sorted(getattr(g, "downstream_task_ids", ()) or ())
+                        if c in dag.task_dict]
+            sources = [*gates, *children]
         else:
             return ""
-        for gate in gates:
+        for source in sources:
             try:
-                done = _xcom(ti_key.dag_id, gate.task_id, ti_key.run_id, DONE_ELSEWHERE_XCOM_KEY)
+                done = _xcom(ti_key.dag_id, source.task_id, ti_key.run_id,
+                             DONE_ELSEWHERE_XCOM_KEY)
             except Exception:  # noqa: BLE001 - a link must not break the task page
-                logger.warning("cannot read the XCom of gate %s", gate.task_id, exc_info=True)
+                logger.warning("cannot read the XCom of %s", source.task_id, exc_info=True)
                 return ""
             if not isinstance(done, dict):
                 continue
-            if gate is operator or operator.task_id in (done.get("skipped") or ()):
+            if source.task_id == operator.task_id or operator.task_id in (
+                    done.get("skipped") or ()):
                 return str(done.get("url") or "")
         return ""
 
