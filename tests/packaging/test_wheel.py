@@ -76,6 +76,8 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: dict[str, Pat
         f"neli_orchestrate-{__version__}.dist-info/entry_points.txt").decode()
     assert "neli-orchestrate = neli_orchestrate.cli:main" in entry_points
     assert "provider_info = neli_orchestrate.airflow.provider:get_provider_info" in entry_points
+    # the pytest plugin is opt-in: installing the wheel changes no one's pytest
+    assert "pytest11" not in entry_points, entry_points
 
 
 def fresh_venv(tmp_path: Path, wheel: Path, extra: str) -> tuple[Path, dict[str, str]]:
