@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from integration.regions.netns import Netns
 
 HERE = Path(__file__).resolve().parent
+# the repository root: integration.regions (network namespaces) is not installed with the package
+sys.path.insert(0, str(HERE.parents[1]))
 RESULTS = HERE / "results"
 MEMBER = HERE / "peer_members.py"
 GONELI_DRIVER = HERE / "goneli" / "main.go"
