@@ -1,4 +1,4 @@
-"""`neli-orchestrate demo` end to end, as a user runs it: every date once, a PNG, exit 0.
+"""`./demo` end to end, as a user runs it: every date once, a PNG, exit 0.
 
 Runs the real demo (two Airflow regions, real spark-submit, kill -9 of a task mid-job) as a
 subprocess against the session's broker, then reads the ledger itself.
