@@ -1,10 +1,13 @@
-"""Project-wide test settings. The Kafka fixtures come from neli_orchestrate's pytest plugin."""
+"""Project-wide test settings. The Kafka fixtures come from neli_orchestrate's pytest plugin,
+which is opt-in (no ``pytest11`` entry point): this suite opts in here, as a user's would."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+pytest_plugins = ["neli_orchestrate.testing.pytest_plugin"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

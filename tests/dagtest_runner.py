@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neli_orchestrate.demo.regions import AIRFLOW, VENV_BIN, new_fernet_key, template_database
+from integration.regions.regions import AIRFLOW, VENV_BIN, new_fernet_key, template_database
 
 
 @dataclass

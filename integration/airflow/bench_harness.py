@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from integration.airflow.harness import (  # noqa: E402
+from integration.regions.regions import (  # noqa: E402
     AIRFLOW,
     MARKER_ENV,
     AirflowRegion,

@@ -8,7 +8,7 @@ Usage::
     python integration/bench/peers.py --trials 0 --crash-trials 0 --netcut-trials 3 --out /tmp/x
 
 One command starts every service on loopback, in temporary directories, and stops it again
-(with the net-cut scenario on :data:`~neli_orchestrate.demo.netns.BROKER_ADDRESS`, a second
+(with the net-cut scenario on :data:`~integration.regions.netns.BROKER_ADDRESS`, a second
 address of the loopback device, which members inside a network namespace reach too):
 
 - Kafka 4.1 (``neli_orchestrate.testing.LocalKafka``), shared by this project and goNELI;
@@ -30,7 +30,7 @@ shuffled order, so that machine noise hits all peers alike. Scenarios:
   is the successor's ``acquired`` minus the moment the old leader stopped leading by its own
   account (positive: it stopped first; negative: both led at once for that long);
 - ``netcut`` (root only): both members run in network namespaces of their own, joined to the
-  host by veth pairs (``neli_orchestrate.demo.netns``); the leader's link goes down until the
+  host by veth pairs (``integration.regions.netns``); the leader's link goes down until the
   successor leads, then up again. The leader keeps running, so the margin is measured as in
   ``pause``, from what the cut leader itself reports (every member's own "stopped leading");
 - ``idle``: CPU of a settled follower over a window, as % of one core (``/proc/<pid>/stat``);
@@ -63,9 +63,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from neli_orchestrate.demo.netns import Netns
+    from integration.regions.netns import Netns
 
 HERE = Path(__file__).resolve().parent
+# the repository root: integration.regions (network namespaces) is not installed with the package
+sys.path.insert(0, str(HERE.parents[1]))
 RESULTS = HERE / "results"
 MEMBER = HERE / "peer_members.py"
 GONELI_DRIVER = HERE / "goneli" / "main.go"
@@ -74,7 +76,7 @@ TIMEOUT = 3.0               # the one timeout every peer gets (session, lease TT
 DEADLINE = 60.0
 ZK_TICK_MS = 500
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-NETNS_NET = "10.213.0.0/16"   # neli_orchestrate.demo.netns puts every namespace in here
+NETNS_NET = "10.213.0.0/16"   # integration.regions.netns puts every namespace in here
 #: the bench's namespaces: indexes above the chaos suite's regions (1, 2, 3), so that both can
 #: run on one host without sharing a veth subnet
 NETNS_INDEXES = (201, 202)
@@ -236,7 +238,7 @@ class Services:
             else:
                 # the chaos suite's broker for regions in namespaces: clients' listener on
                 # BROKER_ADDRESS, controller on loopback
-                from neli_orchestrate.demo.netns import host_kafka
+                from integration.regions.netns import host_kafka
                 kafka = host_kafka()
             # a generous deadline: the JVM starts slowly on a busy two-core machine
             self.kafka = kafka.start(timeout=300)
@@ -843,7 +845,7 @@ def open_namespaces(requested: int | None, default: int, bootstrap: str | None
     ``requested`` ``None`` (no ``--netcut-trials``): ``default`` trials if this process can
     create namespaces, else none, with the reason. An explicit count that cannot run is an
     error."""
-    from neli_orchestrate.demo.netns import BROKER_ADDRESS, Netns, NetnsError, add_broker_address
+    from integration.regions.netns import BROKER_ADDRESS, Netns, NetnsError, add_broker_address
 
     if requested == 0:
         return 0, None, "--netcut-trials 0"
@@ -888,7 +890,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             netcut, namespaces, skipped = open_namespaces(args.netcut_trials,
                                                           args.crash_trials, args.bootstrap)
             if namespaces:
-                from neli_orchestrate.demo.netns import BROKER_ADDRESS
+                from integration.regions.netns import BROKER_ADDRESS
             services = Services(tmp, set(args.peers), build_goneli=not args.skip_build,
                                 bootstrap=args.bootstrap,
                                 host=BROKER_ADDRESS if namespaces else "127.0.0.1")

@@ -14,10 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
-from neli_orchestrate.sim.runner import run_seeds
+# the repository root: integration.sim is not installed with the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from integration.sim.runner import run_seeds  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neli_orchestrate.demo.evidence import Fault, Observer, Report, Span, assess
+from integration.regions.evidence import Fault, Observer, Report, Span, assess
 
 logger = logging.getLogger("integration.chaos.dagster")
 
@@ -78,7 +78,7 @@ class DagsterWorld:
 
 def run_dagster_trial(world: DagsterWorld, n: int, date: str, out: Path,
                       timeout: float) -> dict[str, Any]:
-    from neli_orchestrate.demo.timeline import draw_timeline
+    from integration.regions.timeline import draw_timeline
 
     harness = _harness()
     root = world.workdir / f"trial-{n:03d}"

@@ -12,7 +12,7 @@ One invocation starts the local Kafka (one broker, or ``--kafka-nodes 3``) and t
 once, then runs the trials one after another, round robin over the scenarios, each on a date
 (run key) of its own, after the last date any trial in the results directory used:
 trigger the nycflights DAG for the date in every region at once, inject the scenario's fault,
-wait for every run to end, and check (neli_orchestrate.demo.evidence):
+wait for every run to end, and check (integration.regions.evidence):
 
 - duplicates = 0: no run key COMPLETED twice, no two live Spark executions of the date
   overlapping in time (beyond the fence allowance; a frozen worker is not live); with the Delta
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neli_orchestrate.demo.evidence import Fault, kill_tree
-from neli_orchestrate.demo.world import (
+from integration.regions.evidence import Fault, kill_tree
+from integration.regions.world import (
     SINKS,
     SPARK_TASK,
     Settings,
@@ -407,7 +407,7 @@ def broken_dags(variant: str, into: Path) -> Path:
 
 def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
               timeout: float) -> dict[str, Any]:
-    from neli_orchestrate.demo.timeline import draw_timeline
+    from integration.regions.timeline import draw_timeline
 
     spec = SCENARIOS[scenario]
     began = time.time()

@@ -8,7 +8,6 @@
     neli-orchestrate run --hold --role R -- CMD     # CMD while this deployment leads R
     neli-orchestrate doctor                         # each finding with its fix; exit 1 on errors
     neli-orchestrate kafka start [--background]     # a local broker for development
-    neli-orchestrate demo [--keep]                  # two Airflow regions, each date once
 
 Read commands print tables, or JSON with ``--json``. Cluster options (``--bootstrap-servers``,
 ``--namespace``, ``-X key=value``) also come from ``NELI_BOOTSTRAP_SERVERS`` and
@@ -22,7 +21,6 @@ import sys
 
 import click
 
-from neli_orchestrate.cli.demo import demo
 from neli_orchestrate.cli.doctor import doctor
 from neli_orchestrate.cli.kafka import kafka
 from neli_orchestrate.cli.ledger import ledger
@@ -52,13 +50,12 @@ def _hide_librdkafka(record: logging.LogRecord) -> bool:
     return not record.name.endswith(("librdkafka", ".probe"))
 
 
-# One line per command group; a new command (e.g. `demo`) is a module with a click command
+# One line per command group; a new command (e.g. `kafka`) is a module with a click command
 # and one add_command line here.
 cli.add_command(status)
 cli.add_command(ledger)
 cli.add_command(doctor)
 cli.add_command(kafka)
-cli.add_command(demo)
 cli.add_command(run)
 
 

@@ -50,7 +50,7 @@ class LedgerWriter(Protocol):
 @runtime_checkable
 class LedgerStore(Protocol):
     """The I/O seam of the run ledger: :class:`KafkaLedger` in production, the simulator's store
-    in ``neli_orchestrate.sim``."""
+    in ``integration.sim``."""
 
     def begin(self, role: str) -> LedgerWriter:
         """Fence every earlier writer of ``role`` (``init_transactions()``) and return a writer.

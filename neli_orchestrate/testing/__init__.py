@@ -1,4 +1,4 @@
-"""Test support: a real local Kafka broker and pytest fixtures (auto-loaded plugin).
+"""Test support: a real local Kafka broker and pytest fixtures (an opt-in plugin).
 
 ``__all__`` is :class:`LocalKafka`, the broker users start in their own tests; the rest stays in
 its module: ``local_kafka`` (``LocalKafkaError``, ``KAFKA_VERSION``, ``ensure_kafka_libs``),

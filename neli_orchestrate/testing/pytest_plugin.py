@@ -1,4 +1,9 @@
-"""pytest plugin (entry point ``pytest11``): a real Kafka broker for your tests.
+"""pytest plugin, opt-in: a real Kafka broker for your tests.
+
+The package declares no ``pytest11`` entry point, so installing it loads nothing into anyone's
+pytest. A suite opts in with ``pytest_plugins = ["neli_orchestrate.testing.pytest_plugin"]`` in
+its top ``conftest.py`` (this repository's ``tests/conftest.py`` does), or on the command line
+with ``pytest -p neli_orchestrate.testing.pytest_plugin``.
 
 Fixtures:
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# integration/airflow (the multi-region harness) is imported as `integration.airflow.harness`.
+# integration/ (the multi-region harness, integration/regions) is imported as a namespace package.
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

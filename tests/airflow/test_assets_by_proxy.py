@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from integration.airflow.harness import AirflowRegion, RegionConfig, neli_connection
+from integration.regions.regions import AirflowRegion, RegionConfig, neli_connection
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.ledger.record import RunState
 

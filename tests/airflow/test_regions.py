@@ -3,7 +3,7 @@
 Each region is a separate Airflow 3.3 deployment (own AIRFLOW_HOME, SQLite database, api-server
 port, execution API URL, worker and trigger log-server ports) running api-server, scheduler
 (LocalExecutor, so every task runs under the real task supervisor) and triggerer; see
-integration/airflow/harness.py. Both run the same DAG files.
+integration/regions/regions.py. Both run the same DAG files.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from urllib.parse import quote
 import psutil
 import pytest
 
-from integration.airflow.harness import (
+from integration.regions.regions import (
     SPARK_LOCAL_CONNECTION,
     AirflowRegions,
     RegionConfig,

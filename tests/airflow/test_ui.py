@@ -1,7 +1,7 @@
 """The NELI page of the Airflow UI, in headless Chromium, against a real api-server and broker.
 
 One secured Airflow deployment (simple auth manager, a real login; api-server and scheduler of
-integration/airflow/harness.py) and the session's Kafka broker. A plain-Python deployment
+integration/regions/regions.py) and the session's Kafka broker. A plain-Python deployment
 ("eu-west-1") completes runs and holds the leadership of a role while the browser reads the
 page; the Airflow deployment ("us-east-1") runs a gate and the stock task it fences, whose
 "NELI run" extra links must lead to that run's ledger entry.
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from integration.airflow.harness import AirflowRegion, AirflowRegions, RegionConfig, neli_connection
+from integration.regions.regions import AirflowRegion, AirflowRegions, RegionConfig, neli_connection
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka]
 

@@ -68,6 +68,11 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: dict[str, Pat
     assert "neli_orchestrate/testing/table_formats/pom.xml" in names  # the sinks' jars
     assert f"neli_orchestrate-{__version__}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("tests/", "dags/", "integration/"))]
+    # the harnesses live in integration/, not in the package (docs/internals/development.md)
+    moved = ("neli_orchestrate/demo/", "neli_orchestrate/sim/")
+    assert not [n for n in names if n.startswith(moved)]
+    assert not [n for n in sdist_names
+                if n.split("/", 1)[-1].startswith(("integration/", *moved))]
     metadata = zipfile.ZipFile(dist["wheel"]).read(
         f"neli_orchestrate-{__version__}.dist-info/METADATA").decode()
     assert f"Version: {__version__}" in metadata
@@ -76,6 +81,8 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: dict[str, Pat
         f"neli_orchestrate-{__version__}.dist-info/entry_points.txt").decode()
     assert "neli-orchestrate = neli_orchestrate.cli:main" in entry_points
     assert "provider_info = neli_orchestrate.airflow.provider:get_provider_info" in entry_points
+    # the pytest plugin is opt-in: installing the wheel changes no one's pytest
+    assert "pytest11" not in entry_points, entry_points
 
 
 def fresh_venv(tmp_path: Path, wheel: Path, extra: str) -> tuple[Path, dict[str, str]]:

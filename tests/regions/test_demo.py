@@ -1,4 +1,4 @@
-"""`neli-orchestrate demo` end to end, as a user runs it: every date once, a PNG, exit 0.
+"""`./demo` end to end, as a user runs it: every date once, a PNG, exit 0.
 
 Runs the real demo (two Airflow regions, real spark-submit, kill -9 of a task mid-job) as a
 subprocess against the session's broker, then reads the ledger itself.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.airflow.harness import ledger_history
+from integration.regions.regions import ledger_history
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark]
 
@@ -31,7 +31,7 @@ def test_demo_runs_each_date_once_through_a_kill_and_draws_the_timeline(
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
     result = subprocess.run(
-        [sys.executable, "-m", "neli_orchestrate.demo", "--bootstrap", patient_broker,
+        [sys.executable, "-m", "integration.regions", "--bootstrap", patient_broker,
          "--workdir", str(tmp_path / "work"), "--output-dir", str(tmp_path),
          # room for a small shared machine (idle 2 cores: about 5 minutes in all)
          "--timeout", "1800"],

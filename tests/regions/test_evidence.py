@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neli_orchestrate.demo.evidence import (
+from integration.regions.evidence import (
     Fault,
     Observer,
     Span,

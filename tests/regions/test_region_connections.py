@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.airflow.harness import (
+from integration.regions.regions import (
     AirflowRegions,
     RegionConfig,
     neli_connection,

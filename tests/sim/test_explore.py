@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from neli_orchestrate.sim.explore import EXPLORE_MUTATIONS, Scope, explore
+from integration.sim.explore import EXPLORE_MUTATIONS, Scope, explore
 
 
 def test_every_interleaving_of_two_deployments_two_run_keys_two_faults_keeps_the_invariants(

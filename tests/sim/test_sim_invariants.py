@@ -7,9 +7,9 @@ import os
 import subprocess
 import sys
 
-from neli_orchestrate.sim.config import SimConfig
-from neli_orchestrate.sim.model import EXEC_STEPS, GATE_STEPS, STEP_STEPS, WRITE_STEPS
-from neli_orchestrate.sim.runner import run_seed, run_seeds
+from integration.sim.config import SimConfig
+from integration.sim.model import EXEC_STEPS, GATE_STEPS, STEP_STEPS, WRITE_STEPS
+from integration.sim.runner import run_seed, run_seeds
 
 SEEDS = 10_000
 
@@ -74,7 +74,7 @@ def test_a_seed_replays_the_identical_trace() -> None:
 
 def _trace_digest(seed: int, hash_seed: str) -> str:
     code = (
-        "import hashlib, sys; from neli_orchestrate.sim.runner import run_seed, format_trace;"
+        "import hashlib, sys; from integration.sim.runner import run_seed, format_trace;"
         f"print(hashlib.sha256(format_trace(run_seed({seed}).trace).encode()).hexdigest())"
     )
     out = subprocess.run(
@@ -85,7 +85,7 @@ def _trace_digest(seed: int, hash_seed: str) -> str:
 
 
 def test_a_seed_replays_identically_in_another_process_with_other_hash_salt() -> None:
-    from neli_orchestrate.sim.runner import format_trace
+    from integration.sim.runner import format_trace
 
     local = hashlib.sha256(format_trace(run_seed(1234).trace).encode()).hexdigest()
     assert {_trace_digest(1234, "0"), _trace_digest(1234, "987")} == {local}
@@ -97,4 +97,4 @@ def test_a_failing_seed_reports_the_seed_the_invariant_and_the_trace() -> None:
     report = result.report()
     assert report.startswith("seed 1: S3 violated")
     assert "VIOLATION S3" in report
-    assert "python -m neli_orchestrate.sim --seed 1 --trace --mutation ignore_completed" in report
+    assert "python -m integration.sim --seed 1 --trace --mutation ignore_completed" in report

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from integration.sim.config import SimConfig
+from integration.sim.runner import run_seed, run_seeds
 from neli_orchestrate.decision import Claimant, Decision, DecisionPolicy, Outcome, decide
 from neli_orchestrate.ledger.record import LedgerRecord
-from neli_orchestrate.sim.config import SimConfig
-from neli_orchestrate.sim.runner import run_seed, run_seeds
 
 # mutation -> invariants that may catch it
 EXPECTED = {

@@ -132,7 +132,7 @@ def test_job_publishes_daily_performance_then_refuses_a_stale_token(tmp_path: Pa
 
     assert first.returncode == 0, first.stderr[-5000:]
     # the application's start, as the chaos suite reads it (demo.evidence.application_starts)
-    from neli_orchestrate.demo.evidence import application_starts
+    from integration.regions.evidence import application_starts
 
     (started,) = application_starts(first.stdout)
     assert started[0] == 5 and 0 < time.time() - started[1] < 600

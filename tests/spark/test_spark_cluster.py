@@ -415,7 +415,7 @@ def test_an_execution_timeout_kills_the_driver_before_failed_is_recorded(
 
 def airflow(environ: dict[str, str], *args: str, timeout: float = 300) -> str:
     """Run ``airflow ARGS`` in the home ``environ`` names; its output (fails the test on error)."""
-    from neli_orchestrate.demo.regions import AIRFLOW
+    from integration.regions.regions import AIRFLOW
 
     result = subprocess.run([AIRFLOW, *args], env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, timeout=timeout)

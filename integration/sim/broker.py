@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from neli_orchestrate.sim.kernel import Kernel
+from integration.sim.kernel import Kernel
 
 # Log entry kinds.
 DATA = 0

@@ -1,4 +1,4 @@
-"""``python -m neli_orchestrate.sim``: run seeded schedules, or replay one with its trace."""
+"""``python -m integration.sim``: run seeded schedules, or replay one with its trace."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import dataclasses
 import json
 import sys
 
-from neli_orchestrate.sim.config import MUTATIONS, SimConfig
-from neli_orchestrate.sim.runner import run_seed, run_seeds
+from integration.sim.config import MUTATIONS, SimConfig
+from integration.sim.runner import run_seed, run_seeds
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m neli_orchestrate.sim",
+        prog="python -m integration.sim",
         description="Deterministic simulation of the exactly-once protocol (invariants S1-S5, L1).",
     )
     parser.add_argument("--seeds", type=int, default=1000, help="number of seeds to run")

@@ -34,12 +34,15 @@ Every process the harness starts carries ``NELI_HARNESS_REGION=<unique id>`` in 
 environment; ``stop()`` kills the components' process groups and then any process that still
 carries its id (task processes, spark-submit JVMs), so nothing outlives a region.
 
-``integration/airflow/harness.py`` re-exports this module for the tests and adds a command
-line; ``neli-orchestrate demo`` (:mod:`neli_orchestrate.demo`) drives it.
+The tests, the benchmarks, the chaos suite and the demo (:mod:`integration.regions`, ``./demo``)
+import it from here. As a command it starts regions and prints their UIs until Ctrl-C::
+
+    python -m integration.regions.regions --bootstrap 127.0.0.1:9092 us-east-1 eu-west-1
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import json
@@ -51,6 +54,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -807,3 +811,42 @@ def _in_parallel(calls: Sequence[Any]) -> None:
         thread.join()
     if errors:
         raise errors[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start regions on one machine and print their UIs until Ctrl-C."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("regions", nargs="+", help="region (deployment) names")
+    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    parser.add_argument("--namespace", default="neli", help="NELI namespace (shared)")
+    parser.add_argument("--root", default=None, help="directory for the homes (default: temp)")
+    parser.add_argument("--output", default="/tmp/neli/nycflights_daily", help="shared output")
+    parser.add_argument("--dags", default=str(Path(__file__).resolve().parents[2] / "dags"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    root = Path(args.root or tempfile.mkdtemp(prefix="neli-airflow-"))
+    dags_dir = Path(args.dags)
+    sources = [p for p in dags_dir.iterdir() if p.name != "__pycache__"]
+    configs = [
+        RegionConfig(
+            name,
+            connections={
+                "neli_default": neli_connection(args.bootstrap, name, namespace=args.namespace),
+                "spark_default": SPARK_LOCAL_CONNECTION,
+            },
+            variables={"nycflights_output": args.output},
+            dag_processor=True,
+        )
+        for name in args.regions
+    ]
+    with AirflowRegions.start(root, sources, configs) as regions:
+        for region in regions:
+            logger.info("%s: UI %s (home %s)", region.name, region.api_url, region.home)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

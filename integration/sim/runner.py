@@ -12,9 +12,9 @@ import traceback
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from neli_orchestrate.sim.config import SimConfig
-from neli_orchestrate.sim.kernel import TraceEntry, Violation
-from neli_orchestrate.sim.model import CheckClaimFn, DecideFn, Simulation, Stats
+from integration.sim.config import SimConfig
+from integration.sim.kernel import TraceEntry, Violation
+from integration.sim.model import CheckClaimFn, DecideFn, Simulation, Stats
 
 
 @dataclasses.dataclass
@@ -43,7 +43,7 @@ class SeedResult:
         if not self.ok:
             mutation = "" if self.mutation is None else f" --mutation {self.mutation}"
             lines.append(
-                f"replay: python -m neli_orchestrate.sim --seed {self.seed} --trace{mutation}")
+                f"replay: python -m integration.sim --seed {self.seed} --trace{mutation}")
         return "\n".join(lines)
 
 

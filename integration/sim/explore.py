@@ -2,13 +2,13 @@
 
 Usage::
 
-    python -m neli_orchestrate.sim.explore --depth 22           # states explored, ok or not
-    python -m neli_orchestrate.sim.explore --mutation liveness_takeover_no_token
+    python -m integration.sim.explore --depth 22           # states explored, ok or not
+    python -m integration.sim.explore --mutation liveness_takeover_no_token
 
-    from neli_orchestrate.sim.explore import explore, Scope
+    from integration.sim.explore import explore, Scope
     result = explore(Scope(depth=22))   # Exploration: states, transitions, violation
 
-Where the seeded simulation (:mod:`neli_orchestrate.sim.model`) samples timed schedules, this
+Where the seeded simulation (:mod:`integration.sim.model`) samples timed schedules, this
 enumerates *every* order of the protocol's steps in a small scope: 2 deployments, 1 role, 2 run
 keys, an Airflow-like DAG run per deployment and run key (gate, then executor with the gate's
 token, retried), deployment liveness, and up to ``faults`` faults among a task crash, a
@@ -521,7 +521,7 @@ def _trace(parent: dict[State, tuple[State | None, str]], state: State) -> list[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neli_orchestrate.sim.explore",
+    parser = argparse.ArgumentParser(prog="python -m integration.sim.explore",
                                      description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--depth", type=int, default=Scope.depth)
     parser.add_argument("--faults", type=int, default=Scope.faults)

@@ -7,10 +7,10 @@ Usage::
         world.wait(runs)
         report = world.assess(["2013-01-01"])
 
-The demo (:mod:`neli_orchestrate.demo`) and the chaos suite (``integration/chaos``) both drive
+The demo (:mod:`integration.regions`) and the chaos suite (``integration/chaos``) both drive
 this: one broker (:class:`~neli_orchestrate.testing.LocalKafka`), N regions
-(:mod:`neli_orchestrate.demo.regions`), connections created in each region's database, one
-:class:`~neli_orchestrate.demo.evidence.Observer` watching leadership and Spark jobs.
+(:mod:`integration.regions.regions`), connections created in each region's database, one
+:class:`~integration.regions.evidence.Observer` watching leadership and Spark jobs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neli_orchestrate.demo.evidence import (
+from integration.regions.evidence import (
     Fault,
     Observer,
     Report,
@@ -36,7 +36,7 @@ from neli_orchestrate.demo.evidence import (
     assess,
     kill_tree,
 )
-from neli_orchestrate.demo.regions import (
+from integration.regions.regions import (
     SPARK_LOCAL_CONNECTION,
     AirflowRegion,
     AirflowRegions,
@@ -85,7 +85,7 @@ class Settings:
     start_timeout: float = 300.0
     #: extra environment of every region's processes (e.g. Airflow scheduler settings)
     region_env: Mapping[str, str] = field(default_factory=dict)
-    #: each region in a network namespace of its own (root; neli_orchestrate.demo.netns)
+    #: each region in a network namespace of its own (root; integration.regions.netns)
     netns: bool = False
     #: the example job's sink: "delta" (a Delta table, token in each commit) or "directory"
     sink: str = "delta"
@@ -158,7 +158,7 @@ class World:
             ).start(timeout=self.settings.start_timeout)
             self.bootstrap = self.kafka.bootstrap_servers
         elif not self.bootstrap and self.settings.netns:
-            from neli_orchestrate.demo import netns
+            from integration.regions import netns
 
             progress("creating a network namespace per region (veth to the host)")
             netns.add_broker_address()

@@ -2,10 +2,10 @@
 
 Usage::
 
-    python -m neli_orchestrate.sim --seeds 10000          # run seeds 0..9999 on every core
-    python -m neli_orchestrate.sim --seed 1234 --trace    # replay one seed with its trace
+    python -m integration.sim --seeds 10000          # run seeds 0..9999 on every core
+    python -m integration.sim --seed 1234 --trace    # replay one seed with its trace
 
-    from neli_orchestrate.sim.runner import run_seed, run_seeds
+    from integration.sim.runner import run_seed, run_seeds
     result = run_seed(1234)              # SeedResult: ok, invariant, message, trace
     summary = run_seeds(range(10_000))   # Summary: failures, totals
 

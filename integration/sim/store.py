@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from integration.sim.broker import COMMITTED, DATA, Broker, Fenced
+from integration.sim.kernel import Proc, SimCrash
 from neli_orchestrate.errors import FencedError, KafkaUnavailableError
 from neli_orchestrate.ledger.cache import Checkpoint, refusal
 from neli_orchestrate.ledger.record import LedgerRecord, encode_key, role_partition
 from neli_orchestrate.ledger.replay import Replay, ReplayBuilder
-from neli_orchestrate.sim.broker import COMMITTED, DATA, Broker, Fenced
-from neli_orchestrate.sim.kernel import Proc, SimCrash
 
 
 def _stable_high_watermark(log: Any, role: str) -> int:

@@ -17,6 +17,26 @@ import random
 from collections.abc import Callable, Generator
 from typing import Any
 
+from integration.sim.broker import COMMITTED, DATA, UNKNOWN, Broker
+from integration.sim.config import SimConfig
+from integration.sim.kernel import (
+    CALL,
+    PARK,
+    SLEEP,
+    STEP,
+    Deployment,
+    Kernel,
+    Proc,
+    Thread,
+    Violation,
+)
+from integration.sim.store import (
+    HostCache,
+    ReplayCache,
+    SimLedgerStore,
+    SimLedgerWriter,
+    WriteAudit,
+)
 from neli_orchestrate.decision import (
     Claimant,
     ClaimCheck,
@@ -33,26 +53,6 @@ from neli_orchestrate.errors import FencedError, KafkaUnavailableError, Unreadab
 from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState
 from neli_orchestrate.ledger.replay import Replay
 from neli_orchestrate.liveness import DeploymentLiveness, Liveness
-from neli_orchestrate.sim.broker import COMMITTED, DATA, UNKNOWN, Broker
-from neli_orchestrate.sim.config import SimConfig
-from neli_orchestrate.sim.kernel import (
-    CALL,
-    PARK,
-    SLEEP,
-    STEP,
-    Deployment,
-    Kernel,
-    Proc,
-    Thread,
-    Violation,
-)
-from neli_orchestrate.sim.store import (
-    HostCache,
-    ReplayCache,
-    SimLedgerStore,
-    SimLedgerWriter,
-    WriteAudit,
-)
 
 Gen = Generator[Any, Any, Any]
 DecideFn = Callable[..., Decision]

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neli_orchestrate.demo.regions import MARKER_ENV, AirflowRegion
+from integration.regions.regions import MARKER_ENV, AirflowRegion
 
 logger = logging.getLogger(__name__)
 

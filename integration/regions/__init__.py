@@ -1,9 +1,12 @@
-"""``neli-orchestrate demo``: two real Airflow regions run one DAG; each date runs once.
+"""The regions demo: two real Airflow regions run one DAG; each date runs once.
 
 Usage::
 
     ./demo                       # from a fresh clone: set-up, then this
-    python -m neli_orchestrate.demo [--keep] [--workdir DIR]
+    python -m integration.regions [--keep] [--workdir DIR]    # from the repository root
+
+Development tooling, not the product: it lives in the repository, outside the wheel
+(docs/internals/development.md, "Where things live").
 
 It starts a local Kafka broker and two Airflow 3.3 regions (api-server, scheduler with
 LocalExecutor, triggerer; own home, database and ports), triggers the nycflights example DAG
@@ -37,7 +40,7 @@ DATES = ("2013-01-01", "2013-01-02", "2013-01-03")
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="neli-orchestrate demo",
+        prog="./demo",
         description="Two Airflow regions run the nycflights DAG for three dates; one region's "
         "task is killed mid-job and the other takes over; each date runs exactly once.",
     )
@@ -65,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _master(value: str) -> str:
-    from neli_orchestrate.demo.world import spark_master_arg
+    from integration.regions.world import spark_master_arg
 
     try:
         return spark_master_arg(value)
@@ -77,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; return 0 when every date ran exactly once (duplicates = lost = 0)."""
     from rich.console import Console
 
-    from neli_orchestrate.demo.world import Settings, World, log_to_file
+    from integration.regions.world import Settings, World, log_to_file
 
     args = _parser().parse_args(argv)
     console = Console()
@@ -105,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      timeout=args.timeout)
         args.output_dir.mkdir(parents=True, exist_ok=True)
         png = args.output_dir / "neli-demo-timeline.png"
-        from neli_orchestrate.demo.timeline import draw_timeline
+        from integration.regions.timeline import draw_timeline
 
         assert world.observer is not None
         draw_timeline(report, world.observer, history, list(world.settings.regions), png,
@@ -171,8 +174,8 @@ def _run(world, console, *, kill: bool, timeout: float):  # type: ignore[no-unty
 
 
 def _all_done(world, runs) -> bool:  # type: ignore[no-untyped-def]
-    from neli_orchestrate.demo.regions import TERMINAL_RUN_STATES
-    from neli_orchestrate.demo.world import DAG_ID
+    from integration.regions.regions import TERMINAL_RUN_STATES
+    from integration.regions.world import DAG_ID
 
     for name, by_date in runs.items():
         region = world.region(name)
@@ -189,7 +192,7 @@ _STYLE = {"success": "green", "running": "yellow", "deferred": "cyan", "skipped"
 def _status_table(world, runs, dates, killed):  # type: ignore[no-untyped-def]
     from rich.table import Table
 
-    from neli_orchestrate.demo.world import DAG_ID
+    from integration.regions.world import DAG_ID
 
     table = Table(title="runs (gate → Spark job → report)", expand=False)
     table.add_column("date")

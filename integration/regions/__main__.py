@@ -1,0 +1,7 @@
+"""``python -m integration.regions``: see :mod:`integration.regions`."""
+
+import sys
+
+from integration.regions import main
+
+sys.exit(main())
