@@ -56,7 +56,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -468,11 +468,15 @@ class _FencedExecution:
         """Stop the work and every process it started: ``on_kill()``, then kill what is left."""
         task = self.task
         task.log.error("Stopping the work before anything is recorded (%s)", why)
+        # Every process the work started, taken before on_kill(): a child that on_kill() stops
+        # first (bash) leaves its own children to init, out of this process's tree, and those
+        # must be seen gone too before anything is recorded.
+        started = _new_children(self.children_before)
         try:
             task.on_kill()
         except Exception:  # noqa: BLE001 - still stop the processes and fail the task
             task.log.exception("on_kill() failed while stopping the work")
-        killed, alive = _kill_new_children(self.children_before)
+        killed, alive = _kill_new_children(self.children_before, also=started)
         if killed:
             task.log.warning("killed processes the work left behind: %s", killed)
         if alive:
@@ -602,19 +606,31 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _kill_new_children(before: set[int], *, timeout: float = 10.0) -> tuple[list[int], list[int]]:
+def _new_children(before: set[int]) -> list[Any]:
+    """The descendants of this process started since ``before`` was taken (psutil processes)."""
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+
+def _kill_new_children(
+    before: set[int], *, also: Sequence[Any] = (), timeout: float = 10.0
+) -> tuple[list[int], list[int]]:
     """Kill every descendant of this process started since ``before`` was taken.
 
-    Returns (killed, still alive after ``timeout``). ``on_kill`` does not always reach every
-    process: spark-submit's kill stops the JVM, not the Python driver it started; a bash script
-    may leave background jobs.
+    ``also``: processes taken earlier that may have left the tree since (their parent died and
+    init adopted them). Returns (killed, still alive after ``timeout``). ``on_kill`` does not
+    always reach every process: spark-submit's kill stops the JVM, not the Python driver it
+    started; a bash script may leave background jobs.
     """
     import psutil
 
     procs = []
-    for proc in psutil.Process().children(recursive=True):
-        if proc.pid in before:
+    seen: set[int] = set()
+    for proc in [*also, *psutil.Process().children(recursive=True)]:
+        if proc.pid in before or proc.pid in seen:
             continue
+        seen.add(proc.pid)
         try:
             proc.kill()
             procs.append(proc)
