@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.kafka]
 
 @pytest.mark.timeout(600)
 def test_cluster_replicates_three_ways_and_survives_its_partition_leader_kill_9() -> None:
-    from confluent_kafka import Producer
+    from confluent_kafka import KafkaError, KafkaException, Producer
     from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
     with LocalKafkaCluster() as cluster:
@@ -35,9 +35,18 @@ def test_cluster_replicates_three_ways_and_survives_its_partition_leader_kill_9(
                 break
             assert time.monotonic() < deadline, f"partition 0 of {topic}: {seen}"
             time.sleep(0.5)
-        configs = admin.describe_configs([ConfigResource("topic", topic)])
-        (result,) = configs.values()
-        assert result.result(30)["min.insync.replicas"].value == "2"
+        while True:
+            # the broker asked may not know the new topic yet either (UNKNOWN_TOPIC_OR_PART,
+            # seen in CI): ask again until the deadline
+            (result,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+            try:
+                described = result.result(30)
+                break
+            except KafkaException as exc:
+                assert exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART, exc
+                assert time.monotonic() < deadline, f"{topic}: {exc}"
+                time.sleep(0.5)
+        assert described["min.insync.replicas"].value == "2"
 
         leader = cluster.leader_of(topic)
         cluster.kill(leader)
