@@ -23,7 +23,9 @@ CLAIMED by this deployment                   TAKE_OVER     claim (our earlier cl
 RUNNING (by anyone: we lead, so they don't)  TAKE_OVER     claim, attempt + 1
 FAILED by this deployment                    RETRY         claim, attempt + 1
 FAILED by another deployment, in its         WAIT          nothing (it retries first)
-retry window (SAME_DEPLOYMENT_FIRST)
+retry window (SAME_DEPLOYMENT_FIRST: the
+record's handoff_deadline, else at +
+handoff_timeout; Run.expect_retry)
 FAILED by another deployment, past it        TAKE_OVER     claim, attempt + 1
 FAILED with attempt >= max_attempts          GIVE_UP       nothing (terminal failure)
 RUNNING with attempt >= max_attempts         GIVE_UP       a terminal FAILED record

@@ -380,7 +380,7 @@ class _Model:
                 yield label, self.release(s, i, replace(task, phase="done"))
                 return
             if not decision.claims:
-                yield label, self.release(s, i, task)  # WAIT/GIVE_UP: this try fails
+                yield label, self.release(s, i, task)  # WAIT: the try waits and asks again
                 return
             record = self.claim(s, decision, key, me, RunState.RUNNING, verdict)
             claim = True

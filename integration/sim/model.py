@@ -470,6 +470,10 @@ class Simulation:
         self.max_started_token: dict[tuple[str, str], int] = {}
         #: DAG runs whose tries ran out (and were not cleared since).
         self.exhausted: dict[tuple[str, str, str], bool] = {}
+        #: Airflow runs of which a try ended on WAIT (only under the wait_fails_try mutation).
+        self.tries_lost_to_wait: dict[tuple[str, str, str], bool] = {}
+        #: Executor processes running their DAG run's last try.
+        self.last_try: dict[int, bool] = {}
         self.completed: dict[tuple[str, str], int] = {}
         self.max_claim_token: dict[str, int] = {}
         self.key_claim_token: dict[tuple[str, str], int] = {}
@@ -858,10 +862,11 @@ class Simulation:
                     yield (SLEEP, rng.randint(*cfg.retry_delay))
             yield (SLEEP, rng.randint(*cfg.scheduler_delay))
             retries = self._retries(dep)
-            for tried in range(retries + 1):
-                if tried:
-                    yield (SLEEP, rng.randint(*cfg.retry_delay))
-                self._spawn_task(dep, "executor", role, run_key, token, box[0])
+            tried = 0
+            while tried <= retries:
+                proc = self._spawn_task(dep, "executor", role, run_key, token, box[0])
+                # The try's FAILED record says whether a retry follows (Run.expect_retry).
+                self.last_try[proc.pid] = tried == retries
                 how, result = yield (PARK,)
                 if how == "exited" and result[0] in _FINISHED:
                     self._finish(dep, role, run_key, result[0])
@@ -869,6 +874,17 @@ class Simulation:
                 if how == "exited" and result[0] == "unreadable":
                     self._unreadable(dep, role, run_key)
                     return
+                if (how == "exited" and result[0] in ("held", "timeout")
+                        and cfg.mutation != "wait_fails_try"):
+                    # Another deployment holds the run: the fenced try waits as the gate
+                    # does (asks again every poke) and uses no try.
+                    yield (SLEEP, cfg.wait_poll)
+                    continue
+                if how == "exited" and result[0] in ("held", "timeout"):
+                    self.tries_lost_to_wait[(dep.name, role, run_key)] = True
+                tried += 1
+                if tried <= retries:
+                    yield (SLEEP, rng.randint(*cfg.retry_delay))
             if not (yield from self._exhausted(dep, role, run_key)):
                 return
 
@@ -1082,9 +1098,16 @@ class Simulation:
                     yield (STEP, f"{step}.work_done")
                     now = self.wall(proc)
                     if work.failed:
+                        # Run.expect_retry: the last try promises no retry (any deployment
+                        # may take over at once); another one its retry delay + handoff.
+                        # (Airflow only; a Dagster step says nothing: handoff from now.)
+                        window = self.policy.handoff_timeout
+                        if token is not None:
+                            window += cfg.retry_delay[1] / 1000
+                        last = self.last_try.get(proc.pid, False)
                         final = running.advance(
                             RunState.FAILED, at=now, reason="work raised",
-                            handoff_deadline=now + self.policy.handoff_timeout,
+                            handoff_deadline=now if last else now + window,
                         )
                     else:
                         final = running.advance(RunState.COMPLETED, at=now)
@@ -1364,6 +1387,13 @@ class Simulation:
                 run = (dep.name, role, run_key)
                 if run in self.unreadable_runs and (role, run_key) in self.newer_completed:
                     continue  # correctly refused: the newer deployment completed it
+                if self.exhausted.get(run) and self.tries_lost_to_wait.get(run):
+                    self.fail(
+                        "L1",
+                        f"{dep.name}'s Airflow run of {role}/{run_key} ran out of tries on"
+                        " WAIT: a try that finds another deployment's live claim must wait,"
+                        " not fail (the run key is left to whoever still has tries)",
+                    )
                 if not self.done.get(run) and not self.exhausted.get(run):
                     # Its tries never ran out and it can reach Kafka, yet it never finished.
                     self.fail(

@@ -25,6 +25,8 @@ from neli_orchestrate.ledger.record import LedgerRecord
 
 log = logging.getLogger(__name__)
 
+_UNSAID = object()
+
 __all__ = ["Reservation", "Run"]
 
 
@@ -73,10 +75,36 @@ class Run(Reservation):
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_fenced", None)
         object.__setattr__(self, "_callbacks", [])
+        object.__setattr__(self, "_retry_in", _UNSAID)
 
     _lock: threading.Lock = field(init=False, repr=False)
     _fenced: str | None = field(init=False, repr=False)
     _callbacks: list[Callable[[str], object]] = field(init=False, repr=False)
+    _retry_in: float | None | object = field(init=False, repr=False)
+
+    def expect_retry(self, seconds: float | None) -> None:
+        """Say, before the work's error leaves the run, when this deployment tries again.
+
+        ``seconds``: this deployment's orchestrator starts its next try in about that long
+        (Airflow: the task's retry delay); the ``FAILED`` record then keeps the run key for
+        that try until ``seconds`` plus ``handoff_timeout`` from now. ``None``: no try of this
+        deployment will follow (the last try, or the deployment is being stopped): the
+        ``FAILED`` record lets any deployment take the run over at once. Not called: the
+        window is ``handoff_timeout`` from the failure.
+        """
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(
+                seconds, int | float) or not 0 <= seconds < float("inf")):
+            raise ValueError(f"seconds must be None or a finite number >= 0, got {seconds!r}")
+        object.__setattr__(self, "_retry_in", seconds)
+
+    def retry_deadline(self, now: float, handoff_timeout: float) -> float | None:
+        """The ``FAILED`` record's handoff deadline by :meth:`expect_retry` (None: not said)."""
+        retry_in = self._retry_in
+        if retry_in is _UNSAID:
+            return None
+        if retry_in is None:
+            return now
+        return now + float(retry_in) + handoff_timeout  # type: ignore[arg-type]
 
     @property
     def fenced(self) -> bool:

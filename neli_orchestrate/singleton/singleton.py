@@ -509,8 +509,10 @@ class Singleton:
                 run.check()  # fenced: the work failed because it was stopped; record nothing
                 reason = f"{type(exc).__name__}: {exc}"[:2000]
                 unstopped = exc.application if isinstance(exc, WorkNotStopped) else ""
-                self._write_end(writer, run, record.advance(RunState.FAILED, at=self._wall(),
-                                                            reason=reason, unstopped=unstopped))
+                now = self._wall()
+                self._write_end(writer, run, record.advance(
+                    RunState.FAILED, at=now, reason=reason, unstopped=unstopped,
+                    handoff_deadline=run.retry_deadline(now, self.config.policy.handoff_timeout)))
                 raise
             run.check()
             self._write_end(writer, run, record.advance(RunState.COMPLETED, at=self._wall()))

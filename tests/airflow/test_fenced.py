@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -318,6 +319,30 @@ def test_completed_here_or_nothing_to_do_as_the_gate_the_retry_is_skipped(
     assert task.executed == 0
 
 
+@pytest.mark.parametrize(
+    ("try_number", "max_tries", "task_args", "error", "terminated", "expected"),
+    [
+        (1, 1, {"retry_delay": timedelta(seconds=10)}, RuntimeError(), False, 10.0),
+        (2, 1, {"retry_delay": timedelta(seconds=10)}, RuntimeError(), False, None),  # last try
+        (1, 1, {}, RuntimeError(), True, None),  # SIGTERM: the deployment is stopping
+        (1, 1, {}, AirflowFailException("no"), False, None),  # fails for good
+        (3, 5, {"retry_delay": timedelta(seconds=10), "retry_exponential_backoff": 2.0,
+                "max_retry_delay": timedelta(seconds=60)}, RuntimeError(), False, 60.0),
+        (1, 5, {"retry_delay": timedelta(seconds=10), "retry_exponential_backoff": 2.0},
+         RuntimeError(), False, 20.0),  # Airflow's upper bound: 2 x delay x 2**(try - 1)
+    ],
+)
+def test_a_failed_try_says_when_its_retry_comes_or_that_none_will(
+        try_number, max_tries, task_args, error, terminated, expected) -> None:
+    from neli_orchestrate.airflow.operators.fenced import _FencedExecution
+
+    task = dag_with(lambda: Recorder(task_id="job", **task_args))
+    ti = SimpleNamespace(try_number=try_number, max_tries=max_tries)
+    execution = _FencedExecution(task, None, {"ti": ti}, lambda: None, None)  # type: ignore[arg-type]
+    execution.terminated = terminated
+    assert execution._retry_in(error) == expected
+
+
 def test_superseded_claim_fails_the_try_naming_the_new_owner_and_token(fake) -> None:
     fake.error = FencedError(
         "claim 5 of run 'x' is no longer ours: superseded by token 9 of eu-west-1 (CLAIMED)",
@@ -460,12 +485,92 @@ def test_real_ledger_fenced_task_completes_once_then_skips_and_superseded_fails(
             time.sleep(0.2)
         second = claim_now(theirs, ROLE, other_key)
     assert second.should_run and second.token > first.token
-    late = dag_with(lambda: FencedBash(task_id="job", bash_command="exit 1"), conn_id=conn_a)
+    late = waiting_dag(FencedBash(task_id="job", bash_command="exit 1"), conn_a, timeout=2)
     stale = {"token": first.token, "run_key": other_key, "role": ROLE, "deployment": A}
-    # Another region's claim is live: this try fails (retryable) and names the holder.
-    with pytest.raises(AcquireTimeoutError) as failed:
+    # Another region's claim is live: this try waits as the gate would, for the gate's
+    # timeout, then fails (retryable), naming the holder.
+    with pytest.raises(AirflowException, match="the gate's timeout") as failed:
         late.execute(context_for(late, stale))
+    assert not isinstance(failed.value, AirflowFailException)
+    assert isinstance(failed.value.__cause__, AcquireTimeoutError)
     assert B in str(failed.value) and str(second.token) in str(failed.value)
+
+
+def waiting_dag(task: Any, conn_id: str, *, timeout: float, outlets: list[Any] = (),
+                run_acquire_timeout: float | None = None) -> Any:
+    """``task`` behind a gate that pokes every 0.3 s for at most ``timeout`` s."""
+    with DAG("fenced_dag", schedule=None, start_date=LOGICAL):
+        gate = LeaderGateOperator(task_id="claim_run", role=ROLE, neli_conn_id=conn_id,
+                                  poke_interval=0.3, timeout=timeout,
+                                  run_acquire_timeout=run_acquire_timeout)
+        task.outlets = list(outlets)
+        gate >> task
+    return task
+
+
+@pytest.mark.kafka
+def test_a_retry_that_comes_while_another_region_runs_waits_then_ends_as_the_gate_would(
+    neli_env, claim_now
+) -> None:
+    """The killed region's retry, while the region that took over still runs the job: the try
+    waits (no try used, nothing run), and once that region completed it, succeeds with the
+    outlet's asset event by proxy, as a gate finding the run completed would."""
+    from airflow.sdk import Asset
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from neli_orchestrate.airflow.assets import EXTRA_KEY
+
+    conn_a, conn_b = neli_env(A), neli_env(B)
+    key = RUN_KEY + "-wait"
+    with NeliHook(conn_a).get_singleton() as mine:
+        first = claim_now(mine, ROLE, key)
+    with NeliHook(conn_b).get_singleton() as theirs:
+        deadline = theirs.status(ROLE, key).handoff_deadline
+        while time.time() <= deadline + 1.5:  # handoff + max clock error: A's executor is late
+            time.sleep(0.2)
+        second = claim_now(theirs, ROLE, key)
+    assert second.should_run and second.token > first.token
+
+    started, release, ran_b = threading.Event(), threading.Event(), []
+
+    def region_b() -> None:  # B's executor runs the job and holds the role meanwhile
+        def work(run: Any) -> None:
+            started.set()
+            assert release.wait(60), "the test never released B's job"
+            ran_b.append(run.token)
+
+        with NeliHook(conn_b).get_singleton() as theirs:
+            theirs.execute(ROLE, key, second.token, work)
+
+    b = threading.Thread(target=region_b, daemon=True)
+    b.start()
+    assert started.wait(60), "B's executor never started its job"
+    table = Asset("daily_table")
+    late = waiting_dag(FencedRecorder(task_id="job"), conn_a, timeout=120, outlets=[table],
+                       run_acquire_timeout=0.5)
+    ti, events = PushTI({"token": first.token, "run_key": key, "role": ROLE, "deployment": A}), (
+        OutletEventAccessors())
+    result: list[Any] = []
+    a = threading.Thread(target=lambda: result.append(
+        late.execute({"ti": ti, "dag": late.dag, "outlet_events": events})), daemon=True)
+    a.start()
+    # A's try keeps asking while B runs: it has not failed, and has run nothing.
+    with NeliHook(conn_a).get_singleton() as mine:
+        waited_until = time.monotonic() + 3
+        while time.monotonic() < waited_until:
+            assert a.is_alive(), "A's try ended while B still ran the job"
+            assert mine.status(ROLE, key).token == second.token
+            time.sleep(0.2)
+    release.set()
+    b.join(60)
+    a.join(60)
+    assert not a.is_alive(), "A's try never ended after B completed the run"
+    assert ran_b == [second.token] and late.executed == 0 and result == [None]
+    neli = events[table].extra[EXTRA_KEY]
+    assert (neli["deployment"], neli["token"], neli["proxy"]) == (B, second.token, True)
+    with NeliHook(conn_a).get_singleton() as mine:
+        done = mine.status(ROLE, key)
+    assert (done.state, done.deployment, done.token) == (RunState.COMPLETED, B, second.token)
 
 
 # -- stop first, then record, then release: real Airflow task runner, real broker ------------

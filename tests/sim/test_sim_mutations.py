@@ -30,6 +30,9 @@ EXPECTED = {
     "stale_replay_cache": {"S3", "L1"},
     # issue 20: a take-over on a (possibly false) GONE verdict without a new token
     "liveness_takeover_no_token": {"S3"},
+    # issue 20/21: a fenced try that meets another deployment's live claim fails (uses a try)
+    # instead of waiting as the gate does; a DAG run can run out of tries on WAIT
+    "wait_fails_try": {"L1"},
 }
 
 

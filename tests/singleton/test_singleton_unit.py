@@ -151,6 +151,37 @@ def test_failed_work_records_failed_and_the_same_deployment_retries_with_a_large
     assert ledger.latest(ROLE, "d1").state is RunState.COMPLETED
 
 
+@pytest.mark.parametrize(
+    ("retry_in", "deadline", "other_waits"),
+    [
+        ("unsaid", None, True),  # the handoff window from the failure (at + handoff_timeout)
+        (10.0, 70.0, True),      # this deployment's retry in 10 s, plus handoff_timeout 60 s
+        (None, 0.0, False),      # no retry will come (last try, SIGTERM): take over at once
+    ],
+)
+def test_a_failed_try_keeps_the_run_for_its_own_retry_only_as_long_as_it_says(
+        world, retry_in, deadline, other_waits) -> None:
+    coordinator, ledger = world
+    now = [1_000_000.0]
+    clock = lambda: now[0]  # noqa: E731
+    with pytest.raises(RuntimeError, match="spark died"):
+        with make("us-east-1", coordinator, ledger, wall_clock=clock).claim(ROLE, "d1") as run:
+            if retry_in != "unsaid":
+                run.expect_retry(retry_in)
+            raise RuntimeError("spark died")
+    failed = ledger.latest(ROLE, "d1")
+    assert failed.state is RunState.FAILED
+    expected = None if deadline is None else failed.at + deadline
+    assert failed.handoff_deadline == expected
+    now[0] += 5.0  # past max_clock_error (1 s), well within the windows said
+    with make("eu-west-1", coordinator, ledger, wall_clock=clock).claim(ROLE, "d1") as other:
+        assert (other.outcome is Outcome.WAIT) is other_waits, other.reason
+        if not other_waits:
+            assert other.outcome is Outcome.TAKE_OVER and other.token > failed.token
+    with pytest.raises(ValueError, match="seconds must be None or a finite number"):
+        run.expect_retry(-1.0)
+
+
 def test_fence_mid_work_calls_callbacks_raises_fenced_and_records_nothing_more(world) -> None:
     coordinator, ledger = world
     singleton = make("us-east-1", coordinator, ledger)

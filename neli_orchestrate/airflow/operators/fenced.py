@@ -56,6 +56,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,7 @@ from neli_orchestrate.airflow.claims import (
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.errors import (
+    AcquireTimeoutError,
     ConfigError,
     FencedError,
     SkippedRun,
@@ -283,14 +285,51 @@ def run_fenced(
                     f"the claim belongs to deployment {claim.deployment!r} but this task's "
                     f"connection says {hook.deployment!r}; use the gate's connection"
                 )
-            try:
-                return execution.run(singleton)
-            except SkippedRun as exc:
-                # decided below, once this try's member has left the role's group
-                skipped = exc
+            outcome = _wait_and_run(task, gate, execution, singleton)
+            if not isinstance(outcome, SkippedRun):
+                return outcome
     except ConfigError as exc:
         raise AirflowFailException(f"NELI configuration error: {exc}") from exc
-    return _end_as_the_gate_would(task, gate, claim, context, skipped)
+    return _end_as_the_gate_would(task, gate, claim, context, outcome)
+
+
+def _wait_and_run(task: Any, gate: Any, execution: _FencedExecution, singleton: Any) -> Any:
+    """Run the fenced try; while another deployment holds the run, wait as the gate waits.
+
+    ``WAIT`` (another deployment's live claim, or its retry window) and a leadership
+    attempt that timed out do not fail the try: the try asks again every ``poke_interval``
+    of its gate, for at most the gate's ``timeout`` (sensor semantics; the task's own
+    ``execution_timeout`` still applies), holding no leadership in between. So a retry that
+    comes while another region runs the job waits for that run to end: it then ends as the
+    gate would (the run completed elsewhere), or runs it (the other region failed or died).
+    Returns the work's value, or the :class:`SkippedRun` to end as the gate would.
+    """
+    poke = _seconds(getattr(gate, "poke_interval", 30.0), 30.0)
+    patience = _seconds(getattr(gate, "timeout", None), 7 * 24 * 3600.0)
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return execution.run(singleton)
+        except SkippedRun as exc:
+            # decided by the caller, once this try's member has left the role's group
+            return exc
+        except AcquireTimeoutError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AirflowException(
+                    f"waited {patience:.0f} s (the gate's timeout) for run "
+                    f"{execution.claim.run_key!r} while another deployment held it: {exc}"
+                ) from exc
+            task.log.info("Waiting, as the gate would: %s. Asking again in %.0f s", exc,
+                          min(poke, left))
+            time.sleep(min(poke, left))
+
+
+def _seconds(value: Any, default: float) -> float:
+    if value is None:
+        return default
+    total = getattr(value, "total_seconds", None)
+    return float(total() if callable(total) else value)
 
 
 def _end_as_the_gate_would(
@@ -381,6 +420,8 @@ class _FencedExecution:
         self.in_work = False
         self.children_before: set[int] = set()
         self.previous_term: Any = None
+        #: Set by SIGTERM: the deployment is stopping this try (shutdown, rolling restart).
+        self.terminated = False
         #: Set when a remote Spark application could not be confirmed stopped.
         self.not_stopped: str | None = None
         #: The application that could not be confirmed stopped (``RemoteApplication`` text).
@@ -455,6 +496,7 @@ class _FencedExecution:
                     raise ApplicationMayStillRun(
                         f"{type(exc).__name__}: {exc}; {self.not_stopped}",
                         application=self.unstopped or "") from exc
+            run.expect_retry(self._retry_in(exc))
             if isinstance(exc, TaskDeferred):
                 raise AirflowFailException(
                     f"{task.task_id} tried to defer while running under a claim; a fenced task "
@@ -463,6 +505,35 @@ class _FencedExecution:
             raise
         finally:
             self.in_work = False
+
+    def _retry_in(self, exc: BaseException) -> float | None:
+        """Seconds until Airflow starts this task's next try after ``exc``; None: no next try.
+
+        None when the try fails for good (``AirflowFailException``, a deferral refused, no
+        tries left) or was stopped by SIGTERM: a deployment that is shutting down or
+        restarting may not start its retry, so its FAILED record must not make other
+        deployments wait for it (they take over at once; if the retry comes after all, it
+        finds their claim and waits, then ends as the gate would). Otherwise the task's
+        ``retry_delay``, with ``retry_exponential_backoff`` as Airflow computes its upper
+        bound, capped by ``max_retry_delay``. A ``retry_policy`` that overrides the delay is
+        not read: an early take-over costs no correctness, only the preference for the
+        failing deployment.
+        """
+        ti = self.context.get("ti")
+        try_number = int(getattr(ti, "try_number", 1) or 1)
+        max_tries = int(getattr(ti, "max_tries", 0) or 0)
+        if (self.terminated or isinstance(exc, AirflowFailException | TaskDeferred)
+                or try_number > max_tries):
+            return None
+        task = self.task
+        delay = _seconds(getattr(task, "retry_delay", None), 300.0)
+        multiplier = float(getattr(task, "retry_exponential_backoff", 0) or 0)
+        if multiplier > 0 and multiplier != 1.0:
+            delay = 2 * max(1.0, delay * multiplier ** (try_number - 1))
+        cap = getattr(task, "max_retry_delay", None)
+        if cap is not None:
+            delay = min(delay, _seconds(cap, delay))
+        return delay
 
     def _stop_work(self, why: str) -> None:
         """Stop the work and every process it started: ``on_kill()``, then kill what is left."""
@@ -583,6 +654,7 @@ class _FencedExecution:
         if callable(previous):
             previous(signum, frame)
         if self.in_work:
+            self.terminated = True
             raise AirflowException("terminated (SIGTERM) while running under a claim")
 
 
