@@ -21,13 +21,10 @@ from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.operators.fenced import (
-    FencedExecutionMixin,
-    fence_downstream,
-    fenced,
-)
+from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
 from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
+from neli_orchestrate.airflow.policy import fence_downstream
 from neli_orchestrate.errors import AcquireTimeoutError, FencedError, SkippedRun
 from neli_orchestrate.ledger.record import RunState
 
