@@ -597,36 +597,39 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def _children() -> set[int]:
-    import psutil
-
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    return {p.pid for p in _new_children(set())}
 
 
-def _new_children(before: set[int]) -> list[Any]:
-    """The descendants of this process started since ``before`` was taken (psutil processes)."""
-    import psutil
-
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-
-
-def _kill_new_children(
-    before: set[int], *, also: Sequence[Any] = (), timeout: float = 10.0
-) -> tuple[list[int], list[int]]:
-    """Kill every descendant of this process started since ``before`` was taken.
+def _new_children(before: set[int], *, also: Sequence[Any] = ()) -> list[Any]:
+    """The descendants of this process started since ``before`` was taken (psutil processes).
 
     ``also``: processes taken earlier that may have left the tree since (their parent died and
-    init adopted them). Returns (killed, still alive after ``timeout``). ``on_kill`` does not
-    always reach every process: spark-submit's kill stops the JVM, not the Python driver it
-    started; a bash script may leave background jobs.
+    init adopted them); they come first, each process once.
     """
     import psutil
 
     procs = []
     seen: set[int] = set()
     for proc in [*also, *psutil.Process().children(recursive=True)]:
-        if proc.pid in before or proc.pid in seen:
-            continue
-        seen.add(proc.pid)
+        if proc.pid not in before and proc.pid not in seen:
+            seen.add(proc.pid)
+            procs.append(proc)
+    return procs
+
+
+def _kill_new_children(
+    before: set[int], *, also: Sequence[Any] = (), timeout: float = 10.0
+) -> tuple[list[int], list[int]]:
+    """Kill :func:`_new_children` (``before``, ``also``).
+
+    Returns (killed, still alive after ``timeout``). ``on_kill`` does not always reach every
+    process: spark-submit's kill stops the JVM, not the Python driver it started; a bash
+    script may leave background jobs.
+    """
+    import psutil
+
+    procs = []
+    for proc in _new_children(before, also=also):
         try:
             proc.kill()
             procs.append(proc)
