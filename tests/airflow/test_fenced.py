@@ -428,6 +428,22 @@ def test_fenced_wraps_any_operator_class_once() -> None:
     assert "bash_command" in task.template_fields
 
 
+def test_a_subclass_of_the_explicit_form_hands_the_claim_to_the_work_its_own_way(fake) -> None:
+    # docs/guide/airflow.md: override prepare_fenced_run on a subclass of fenced(Operator)
+    handed: list[int] = []
+
+    class OwnHandOver(fenced(Recorder)):
+        def prepare_fenced_run(self, claim: Any, context: Any) -> None:
+            handed.append(claim.token)
+
+    fake.run_token = 9  # the current claim's token, not the gate's
+    task = dag_with(lambda: OwnHandOver(task_id="job"))
+    context = context_for(task, claim(5))
+    assert task.execute(context) == "result"
+    assert handed == [9]
+    assert "neli_claim" not in context  # instead of the default hand-over
+
+
 # -- against the real ledger -----------------------------------------------------------------
 
 
