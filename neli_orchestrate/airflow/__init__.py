@@ -11,12 +11,15 @@ Usage::
     gate >> job          # the task directly after the gate runs fenced (cluster policy)
 
 ``__all__`` holds what users write in DAG files: :class:`LeaderGateOperator`, the explicit
-fence :func:`fenced` and its Spark form :class:`FencedSparkSubmitOperator`,
-:class:`NeliLeaderSensor`, and :class:`NeliHook` for their own tasks. The rest stays importable
-from its module, one concept each: ``hooks.neli`` (NeliHook), ``operators.gate``
-(LeaderGateOperator), ``operators.fenced`` (fencing of the gate's child; ``fenced``,
-``FencedExecutionMixin`` for subclasses), ``operators.spark_submit``
-(FencedSparkSubmitOperator), ``policy`` (the cluster policy), ``claims`` (what gate, sensor,
+alias of its fence :func:`fenced` and its Spark form :class:`FencedSparkSubmitOperator`,
+:class:`NeliLeaderSensor`, and :class:`NeliHook` for their own tasks. There is one way to fence
+a task: put it directly after the gate; ``fenced(...)`` and ``FencedSparkSubmitOperator`` are
+the explicit aliases (same behaviour, per-task arguments). The rest stays importable from its
+module, one concept each: ``hooks.neli`` (NeliHook), ``operators.gate`` (LeaderGateOperator),
+``operators.fenced`` (the fenced try at run time and the explicit form ``fenced``; its
+machinery ``run_fenced`` and ``FencedExecutionMixin`` is internal), ``operators.spark_submit``
+(FencedSparkSubmitOperator), ``policy`` (DAG rewriting: the cluster policy that fences each
+gate's direct child and refuses shapes that cannot be fenced), ``claims`` (what gate, sensor,
 trigger and fenced tasks share), ``assets`` (the ledger identity on asset events, events by
 proxy, run keys of asset-triggered runs), ``sensors.leader`` (NeliLeaderSensor),
 ``triggers.leader`` (NeliLeadershipTrigger, which the sensor and gate defer to),

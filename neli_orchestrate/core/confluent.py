@@ -215,6 +215,31 @@ def _code(exc: BaseException) -> str:
     return _error_name(args[0]) if args and hasattr(args[0], "name") else ""
 
 
+def _poll(consumer: Any, timeout: float, *, fatal_code: bool, timestamps: bool) -> PollResult:
+    """Poll a confluent-kafka ``Consumer`` once: None, a ConsumerFault or a Record.
+
+    ``fatal_code``: a fault whose code is ``_FATAL`` is fatal even if librdkafka's flag says
+    otherwise (the group consumer). ``timestamps``: the record carries its timestamp and
+    whether the broker set it (Full NELI dates evidence by it); the hint watcher needs neither.
+    """
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE
+
+    msg = consumer.poll(timeout)
+    if msg is None:
+        return None
+    err = msg.error()
+    if err is not None:
+        code = _error_name(err)
+        return ConsumerFault(code=code, message=str(err.str()),
+                             fatal=bool(err.fatal()) or (fatal_code and code == "_FATAL"))
+    ts_type, ts = msg.timestamp() if timestamps else (TIMESTAMP_NOT_AVAILABLE, None)
+    return Record(
+        partition=msg.partition(), offset=msg.offset(), key=msg.key(), value=msg.value(),
+        timestamp_ms=ts if ts_type else None,
+        log_append_time=ts_type == TIMESTAMP_LOG_APPEND_TIME,
+    )
+
+
 class _ConfluentConsumer:
     def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
         from confluent_kafka import Consumer
@@ -284,22 +309,7 @@ class _ConfluentConsumer:
         self._listener.on_commit(offsets, error)
 
     def poll(self, timeout: float) -> PollResult:
-        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
-
-        msg = self._consumer.poll(timeout)
-        if msg is None:
-            return None
-        err = msg.error()
-        if err is not None:
-            code = _error_name(err)
-            return ConsumerFault(code=code, message=str(err.str()),
-                                 fatal=bool(err.fatal()) or code == "_FATAL")
-        ts_type, ts = msg.timestamp()
-        return Record(
-            partition=msg.partition(), offset=msg.offset(), key=msg.key(), value=msg.value(),
-            timestamp_ms=ts if ts_type else None,
-            log_append_time=ts_type == TIMESTAMP_LOG_APPEND_TIME,
-        )
+        return _poll(self._consumer, timeout, fatal_code=True, timestamps=True)
 
     def commit(self, offsets: Mapping[int, int]) -> None:
         from confluent_kafka import TopicPartition
@@ -325,15 +335,7 @@ class _ConfluentWatcher:
         self._consumer.assign([TopicPartition(self._topic, p, END) for p in partitions])
 
     def poll(self, timeout: float) -> PollResult:
-        msg = self._consumer.poll(timeout)
-        if msg is None:
-            return None
-        err = msg.error()
-        if err is not None:
-            return ConsumerFault(code=_error_name(err), message=str(err.str()),
-                                 fatal=bool(err.fatal()))
-        return Record(partition=msg.partition(), offset=msg.offset(), key=msg.key(),
-                      value=msg.value(), timestamp_ms=None, log_append_time=False)
+        return _poll(self._consumer, timeout, fatal_code=False, timestamps=False)
 
     def close(self) -> None:
         self._consumer.close()

@@ -22,13 +22,10 @@ from airflow.sdk import DAG, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.operators.fenced import (
-    FencedExecutionMixin,
-    fence_downstream,
-    fenced,
-)
+from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, fenced
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
 from neli_orchestrate.airflow.operators.spark_submit import FencedSparkSubmitOperator
+from neli_orchestrate.airflow.policy import fence_downstream
 from neli_orchestrate.errors import AcquireTimeoutError, FencedError, SkippedRun
 from neli_orchestrate.ledger.record import RunState
 
@@ -146,6 +143,27 @@ def context_for(task: Any, value: Any) -> dict[str, Any]:
     return {"ti": XComTI(value), "dag": task.dag}
 
 
+def runner_context(task: Any) -> dict[str, Any]:
+    """What the task runner hands a stock task: the gate's claim (token 5), ``ti.task``."""
+    context = context_for(task, claim(5))
+    context["ti"].task = task
+    return context
+
+
+def stock_spark_on_a_cluster(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A stock SparkSubmitOperator after the gate, deploy mode cluster on a standalone master,
+    fenced as the cluster policy fences it when Airflow loads the file."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CLUSTER",
+        '{"conn_type": "spark", "host": "spark://127.0.0.1:7077", '
+        '"extra": {"deploy-mode": "cluster"}}',
+    )
+    task = dag_with(lambda: SparkSubmitOperator(task_id="job", application="job.py",
+                                                conn_id="spark_cluster"))
+    fence_downstream(task.dag)
+    return task
+
+
 def test_fenced_operator_runs_the_wrapped_execute_under_the_gates_claim(fake) -> None:
     task = dag_with(lambda: FencedRecorder(task_id="job"))
     before = signal.getsignal(signal.SIGUSR1)
@@ -194,11 +212,6 @@ def test_a_new_claim_submits_a_new_application_instead_of_resuming_an_earlier_tr
     # Standalone cluster mode: the stock operator is a resumable job (durable=True). An earlier
     # try stored its driver id; that driver FINISHED under an older token. Resuming it would
     # record COMPLETED under token 12 although nothing ran under it.
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_SPARK_CLUSTER",
-        '{"conn_type": "spark", "host": "spark://127.0.0.1:7077", '
-        '"extra": {"deploy-mode": "cluster"}}',
-    )
     calls: list[str] = []
     monkeypatch.setattr(SparkSubmitOperator, "get_job_status",
                         lambda self, external_id, ctx: calls.append(f"status {external_id}")
@@ -209,12 +222,9 @@ def test_a_new_claim_submits_a_new_application_instead_of_resuming_an_earlier_tr
     monkeypatch.setattr(SparkSubmitOperator, "poll_until_complete",
                         lambda self, external_id, ctx: calls.append(f"poll {external_id}"))
     fake.run_token = 12
-    task = dag_with(lambda: SparkSubmitOperator(task_id="job", application="job.py",
-                                                conn_id="spark_cluster"))
-    fence_downstream(task.dag)  # what the cluster policy does when Airflow loads the file
+    task = stock_spark_on_a_cluster(monkeypatch)
     assert task.durable is True  # the provider's default
-    context = context_for(task, claim(5))
-    context["ti"].task = task
+    context = runner_context(task)
     context["task_state_store"] = StateStore(spark_job_id="driver-old")
     task.execute(context)
     assert calls == ["submit 12", "poll driver-new"]
@@ -235,8 +245,7 @@ def test_a_submission_that_would_return_early_fails_before_anything_is_claimed(
         conf={"spark.yarn.submit.waitAppCompletion": "{{ 'false' }}"}))
     fence_downstream(task.dag)  # templated: not refused at import
     task.render_template_fields({})
-    context = context_for(task, claim(5))
-    context["ti"].task = task
+    context = runner_context(task)
     with pytest.raises(AirflowFailException, match="yarn_track_via_rm_api=True"):
         task.execute(context)
     assert fake.calls == []
@@ -442,6 +451,22 @@ def test_fenced_wraps_any_operator_class_once() -> None:
     task = cls(task_id="t", bash_command="echo hi", gate_task_id="claim_run")
     assert (task.bash_command, task.gate_task_id) == ("echo hi", "claim_run")
     assert "bash_command" in task.template_fields
+
+
+def test_a_subclass_of_the_explicit_form_hands_the_claim_to_the_work_its_own_way(fake) -> None:
+    # docs/guide/airflow.md: override prepare_fenced_run on a subclass of fenced(Operator)
+    handed: list[int] = []
+
+    class OwnHandOver(fenced(Recorder)):
+        def prepare_fenced_run(self, claim: Any, context: Any) -> None:
+            handed.append(claim.token)
+
+    fake.run_token = 9  # the current claim's token, not the gate's
+    task = dag_with(lambda: OwnHandOver(task_id="job"))
+    context = context_for(task, claim(5))
+    assert task.execute(context) == "result"
+    assert handed == [9]
+    assert "neli_claim" not in context  # instead of the default hand-over
 
 
 # -- against the real ledger -----------------------------------------------------------------
@@ -695,11 +720,6 @@ def test_a_timeout_whose_driver_kill_is_unconfirmed_fails_naming_the_driver(
     from neli_orchestrate.errors import WorkNotStopped
     from neli_orchestrate.metrics import Metric
 
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_SPARK_CLUSTER",
-        '{"conn_type": "spark", "host": "spark://127.0.0.1:7077", '
-        '"extra": {"deploy-mode": "cluster"}}',
-    )
     monkeypatch.setenv("NELI_SPARK_KILL_CONFIRM_TIMEOUT", "0.3")
     driver = "driver-20130107000000-0001"
 
@@ -720,11 +740,8 @@ def test_a_timeout_whose_driver_kill_is_unconfirmed_fails_naming_the_driver(
     monkeypatch.setattr(SparkSubmitOperator, "on_kill", lambda self: None)  # its curl fails too
     sent: list[Any] = []
     monkeypatch.setattr(airflow_metrics, "to_airflow_stats", sent.append)
-    task = dag_with(lambda: SparkSubmitOperator(task_id="job", application="job.py",
-                                                conn_id="spark_cluster"))
-    fence_downstream(task.dag)
-    context = context_for(task, claim(5))
-    context["ti"].task = task
+    task = stock_spark_on_a_cluster(monkeypatch)
+    context = runner_context(task)
     with pytest.raises(WorkNotStopped) as raised:
         task.execute(context)
     assert raised.value.application == f"standalone application {driver} on spark://127.0.0.1:7077"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from neli_orchestrate.airflow.operators.fenced import is_fenced
+from neli_orchestrate.airflow.policy import is_fenced
 
 pytestmark = pytest.mark.airflow
 
@@ -196,8 +196,7 @@ def test_fencing_a_bash_operator_needs_no_spark_provider(tmp_path: Path) -> None
         from airflow.sdk import DAG
         from airflow.providers.standard.operators.bash import BashOperator
         from neli_orchestrate.airflow import LeaderGateOperator, fenced
-        from neli_orchestrate.airflow.operators.fenced import fence_downstream, is_fenced
-        import neli_orchestrate.airflow.policy
+        from neli_orchestrate.airflow.policy import fence_downstream, is_fenced
 
         with DAG("d", schedule=None, start_date=pendulum.datetime(2013, 1, 1)) as dag:
             gate = LeaderGateOperator(task_id="gate", role="r")

@@ -17,8 +17,8 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowSkipException
 
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.operators.fenced import fence_downstream, is_fenced
 from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
+from neli_orchestrate.airflow.policy import fence_downstream, is_fenced
 from neli_orchestrate.decision import Outcome, skipped_by_work
 from neli_orchestrate.ledger.record import RunState
 

@@ -6,16 +6,20 @@ Usage::
     job = SparkSubmitOperator(task_id="job", application="jobs/nycflights_daily.py")
     gate >> job      # the direct child of a gate runs fenced: no wrapper class needed
 
-    # the explicit form, same behaviour, for any operator class:
+    # the explicit alias, same behaviour, for any operator class:
     FencedBash = fenced(BashOperator)
     gate >> FencedBash(task_id="export", bash_command="./export.sh")
 
-:func:`fence_downstream` makes the one task directly downstream of each
-:class:`LeaderGateOperator` run fenced. The provider's cluster policy
-(:mod:`neli_orchestrate.airflow.policy`) calls it whenever Airflow loads a DAG file (the DAG
-processor, every task process, ``airflow dags test``), and the gate calls it again before it
-claims. A shape that cannot be fenced raises :class:`UnfenceableTaskError`: the DAG fails to
-import with a message that says what to write instead.
+This module is the fenced try at run time. Making the gate's direct child run fenced is DAG
+rewriting and lives in :mod:`neli_orchestrate.airflow.policy`
+(:func:`~neli_orchestrate.airflow.policy.fence_downstream`: the cluster policy applies it
+whenever Airflow loads a DAG file, the gate again before it claims; a shape that cannot be
+fenced fails the DAG's import there).
+
+One way to fence a task: put it directly after the gate. :func:`fenced` (and
+``FencedSparkSubmitOperator``) is the explicit alias of that, adding per-task arguments.
+:func:`run_fenced`, ``_FencedExecution``, :class:`FencedExecutionMixin` and the policy's
+``FencedExecute`` are the machinery of both forms, not further ways to fence: internal.
 
 What a fenced task does (through :meth:`neli_orchestrate.Singleton.execute`):
 
@@ -123,14 +127,6 @@ class ApplicationMayStillRun(WorkNotStopped, AirflowException):
     def serialize(self) -> tuple[str, tuple[str, ...], dict[str, str]]:
         cls = type(self)
         return f"{cls.__module__}.{cls.__name__}", (str(self),), {"application": self.application}
-
-
-class UnfenceableTaskError(ValueError):
-    """A task behind a LeaderGateOperator cannot run fenced; the message says what to do.
-
-    Raised while Airflow loads the DAG (the cluster policy): the DAG fails to import and the
-    message shows under the UI's import errors.
-    """
 
 
 # -- the fenced run ---------------------------------------------------------------------------
@@ -673,36 +669,39 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def _children() -> set[int]:
-    import psutil
-
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    return {p.pid for p in _new_children(set())}
 
 
-def _new_children(before: set[int]) -> list[Any]:
-    """The descendants of this process started since ``before`` was taken (psutil processes)."""
-    import psutil
-
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-
-
-def _kill_new_children(
-    before: set[int], *, also: Sequence[Any] = (), timeout: float = 10.0
-) -> tuple[list[int], list[int]]:
-    """Kill every descendant of this process started since ``before`` was taken.
+def _new_children(before: set[int], *, also: Sequence[Any] = ()) -> list[Any]:
+    """The descendants of this process started since ``before`` was taken (psutil processes).
 
     ``also``: processes taken earlier that may have left the tree since (their parent died and
-    init adopted them). Returns (killed, still alive after ``timeout``). ``on_kill`` does not
-    always reach every process: spark-submit's kill stops the JVM, not the Python driver it
-    started; a bash script may leave background jobs.
+    init adopted them); they come first, each process once.
     """
     import psutil
 
     procs = []
     seen: set[int] = set()
     for proc in [*also, *psutil.Process().children(recursive=True)]:
-        if proc.pid in before or proc.pid in seen:
-            continue
-        seen.add(proc.pid)
+        if proc.pid not in before and proc.pid not in seen:
+            seen.add(proc.pid)
+            procs.append(proc)
+    return procs
+
+
+def _kill_new_children(
+    before: set[int], *, also: Sequence[Any] = (), timeout: float = 10.0
+) -> tuple[list[int], list[int]]:
+    """Kill :func:`_new_children` (``before``, ``also``).
+
+    Returns (killed, still alive after ``timeout``). ``on_kill`` does not always reach every
+    process: spark-submit's kill stops the JVM, not the Python driver it started; a bash
+    script may leave background jobs.
+    """
+    import psutil
+
+    procs = []
+    for proc in _new_children(before, also=also):
         try:
             proc.kill()
             procs.append(proc)
@@ -712,150 +711,18 @@ def _kill_new_children(
     return [p.pid for p in procs], [p.pid for p in alive]
 
 
-# -- the stock form: the gate's direct child ---------------------------------------------------
-
-
-class FencedExecute:
-    """Installed as ``task.execute`` on a gate's stock child: runs its own execute fenced.
-
-    Stored on the instance, so the operator's class, its UI name and serialization do not
-    change. The task that runs is the task runner's (``context["ti"].task``, a prepared copy).
-    """
-
-    def __init__(self, gate_task_id: str) -> None:
-        self.gate_task_id = gate_task_id
-
-    def __call__(self, context: Context) -> Any:
-        task = context["ti"].task
-        return run_fenced(
-            task,
-            context,
-            lambda: type(task).execute(task, context),
-            gate_task_id=self.gate_task_id,
-        )
-
-    def __repr__(self) -> str:
-        return f"FencedExecute(gate_task_id={self.gate_task_id!r})"
-
-
-def is_fenced(task: Any) -> bool:
-    """True if ``task`` runs fenced (explicit form, or attached by :func:`fence_downstream`)."""
-    return isinstance(task, FencedExecutionMixin) or isinstance(
-        getattr(task, "__dict__", {}).get("execute"), FencedExecute
-    )
-
-
-def fence_downstream(dag: Any) -> None:
-    """Make the task directly downstream of each LeaderGateOperator in ``dag`` run fenced.
-
-    Idempotent. Raises :class:`UnfenceableTaskError` for a shape that cannot be fenced (the DAG
-    then fails to import): several tasks directly downstream of one gate, a mapped gate or
-    mapped task, a deferrable task or a sensor in reschedule mode, an EmptyOperator (the
-    scheduler never runs it), a task behind two gates, an explicitly fenced task that is not a
-    direct child of a gate.
-    """
-    for task in dag.tasks:
-        if is_gate(task):
-            _fence_child_of(task)
-        elif isinstance(task, FencedExecutionMixin):
-            _check_explicit(dag, task)
-
-
-def _check_explicit(dag: Any, task: Any) -> None:
-    """An explicitly fenced task must be a direct child of (its) gate."""
-    gates = _direct_gates(task)
-    named = task.gate_task_id
-    if not gates or (named and named not in {g.task_id for g in gates}):
-        raise UnfenceableTaskError(
-            f"DAG {dag.dag_id!r}: {type(task).__name__} {task.task_id!r} is not directly "
-            f"downstream of {'gate ' + repr(named) if named else 'a gate'}; a fenced task runs "
-            f"under the claim its gate just took: write `gate >> {task.task_id}` (tasks after "
-            "it need no fencing)"
-        )
-
-
-def _check_spark_completion(what: str, task: Any) -> None:
-    """Refuse a SparkSubmitOperator whose spark-submit returns before the application ended."""
-    if not _is_spark_submit(task):
-        return
-    from neli_orchestrate.spark.applications import import_problem
-
-    problem = import_problem(task)
-    if problem:
-        raise UnfenceableTaskError(
-            f"{what}: COMPLETED must mean the Spark application finished: {problem}"
-        )
-
-
-def _fence_child_of(gate: Any) -> None:
-    dag_id = gate.dag.dag_id if gate.dag else "?"
-    where = f"DAG {dag_id!r}, gate {gate.task_id!r}"
-    if _is_mapped(gate):
-        raise UnfenceableTaskError(
-            f"{where}: a LeaderGateOperator cannot be mapped (.expand); give each item its own "
-            "DAG run, or its own gate with a run_key that names the item"
-        )
-    children = list(gate.downstream_list)
-    if not children:
-        return
-    if len(children) > 1:
-        names = sorted(t.task_id for t in children)
-        raise UnfenceableTaskError(
-            f"{where}: exactly one task runs under a claim, but {names} are all directly "
-            f"downstream; chain them (`{gate.task_id} >> {names[0]} >> {names[1:]}`) or give "
-            "each its own gate and role"
-        )
-    (child,) = children
-    what = f"{where}: task {child.task_id!r}"
-    if _is_mapped(child):
-        raise UnfenceableTaskError(
-            f"{what} is mapped (.expand): its map indexes would share one claim. Run the items "
-            "inside one task, or give each item its own DAG run or gate (run_key naming the "
-            "item); see docs/guide/airflow.md, 'Mapped tasks'"
-        )
-    if getattr(child, "deferrable", False) is True or getattr(child, "start_from_trigger", False):
-        raise UnfenceableTaskError(
-            f"{what} is deferrable: its work would run in the triggerer, where nothing holds "
-            "the claim or can fence it; pass deferrable=False"
-        )
-    if getattr(child, "mode", None) == "reschedule":
-        raise UnfenceableTaskError(
-            f"{what} is a sensor in reschedule mode: it would leave the worker between pokes "
-            "and lose the claim; use mode='poke', or put the sensor before the gate"
-        )
-    if getattr(child, "inherits_from_empty_operator", False):
-        raise UnfenceableTaskError(
-            f"{what} is an EmptyOperator: the scheduler marks it done without running it, so "
-            "nothing would record the run COMPLETED; put the real work directly after the gate"
-        )
-    others = sorted(g.task_id for g in _direct_gates(child) if g is not gate)
-    if others:
-        raise UnfenceableTaskError(
-            f"{what} is also directly downstream of gate(s) {others}; a task runs under one "
-            "claim: keep one gate"
-        )
-    _check_spark_completion(what, child)
-    if isinstance(child, FencedExecutionMixin):
-        if child.gate_task_id not in (None, gate.task_id):
-            raise UnfenceableTaskError(
-                f"{what} names gate_task_id={child.gate_task_id!r} but its gate is "
-                f"{gate.task_id!r}"
-            )
-        return
-    if not is_fenced(child):
-        child.execute = FencedExecute(gate.task_id)
-
-
 # -- the explicit form ---------------------------------------------------------------------------
 
 
 class FencedExecutionMixin:
-    """Mix into an operator so its ``execute`` runs only under a verified, held claim.
+    """The class behind the explicit form: its ``execute`` runs only under a verified claim.
 
-    Put it first: ``class FencedFoo(FencedExecutionMixin, FooOperator)``, or use
-    :func:`fenced`. A stock operator directly downstream of a gate gets the same behaviour
-    without a class (:func:`fence_downstream`); the explicit form adds these arguments.
-    Subclasses may override :meth:`prepare_fenced_run` to hand the claim to the work.
+    Internal: users write :func:`fenced` (``fenced(FooOperator)`` puts this mixin first) or
+    ``FencedSparkSubmitOperator``, or nothing at all, since a stock operator directly
+    downstream of a gate gets the same behaviour without a class
+    (:func:`neli_orchestrate.airflow.policy.fence_downstream`); the explicit form adds these
+    arguments. A subclass of ``fenced(FooOperator)`` may override :meth:`prepare_fenced_run`
+    to hand the claim to the work in its own way.
 
     :param gate_task_id: the LeaderGateOperator whose XCom holds the claim; default: the one
         directly upstream of this task.
@@ -950,13 +817,6 @@ def fenced(operator_class: type[BaseOperator]) -> type[BaseOperator]:
     return cls
 
 
-__all__ = [
-    "FencedExecute",
-    "FencedExecutionMixin",
-    "UnfenceableTaskError",
-    "fence_downstream",
-    "fenced",
-    "hand_claim_to_work",
-    "is_fenced",
-    "run_fenced",
-]
+# The explicit form is the one public name here (also ``neli_orchestrate.airflow.fenced``);
+# run_fenced, _FencedExecution and FencedExecutionMixin are its machinery, not ways to fence.
+__all__ = ["fenced"]

@@ -98,7 +98,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
         (``neli-proxy/<dag_id>/<task_id>``) for it; False declares none and emits nothing.
 
     The one task directly downstream runs fenced, whatever its operator (see
-    :func:`neli_orchestrate.airflow.operators.fenced.fence_downstream`).
+    :func:`neli_orchestrate.airflow.policy.fence_downstream`).
     """
 
     template_fields: Sequence[str] = ("role", "run_key")
@@ -267,12 +267,12 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
 
     def _check_fencing(self) -> None:
         """Claim only if the task after the gate will run fenced in its own process too."""
-        from neli_orchestrate.airflow.operators.fenced import (
+        from neli_orchestrate.airflow.policy import (
             UnfenceableTaskError,
             fence_downstream,
             is_fenced,
+            policy_loaded,
         )
-        from neli_orchestrate.airflow.policy import policy_loaded
 
         if self.dag is None:
             return

@@ -8,10 +8,11 @@ Usage::
     gate >> job
 
 A stock ``SparkSubmitOperator`` directly after the gate runs fenced as well (see
-:mod:`neli_orchestrate.airflow.operators.fenced`); this class adds the fencing arguments
-(``gate_task_id``, ``neli_conn_id``, ``acquire_timeout``) and an ``on_kill`` that also stops
-the Python driver spark-submit started, whoever kills the task. This is the only module of the
-provider that imports the Spark provider.
+:mod:`neli_orchestrate.airflow.policy`): that is the one way to fence, and this class is its
+explicit alias. It adds the fencing arguments (``gate_task_id``, ``neli_conn_id``,
+``acquire_timeout``) and an ``on_kill`` that also stops the Python driver spark-submit
+started, whoever kills the task. This is the only module of the provider that imports the
+Spark provider.
 """
 
 from __future__ import annotations
