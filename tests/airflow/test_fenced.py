@@ -91,7 +91,8 @@ class FakeSingleton:
         self.calls.append((role, run_key, token))
         if self.error is not None:
             raise self.error
-        run = SimpleNamespace(token=self.run_token or token, reason="re-claimed", role=role)
+        run = SimpleNamespace(token=self.run_token or token, reason="re-claimed", role=role,
+                              expect_retry=lambda seconds: None)
 
         def fence(reason: str) -> None:
             self.fenced = reason

@@ -226,6 +226,8 @@ class FakeSingleton:
         self.on_fence: Any = None
         self.calls: list[tuple[str, str, int]] = []
         self.failed_with: list[BaseException] = []
+        #: what each failed try said of its retry (Run.expect_retry)
+        self.retry_promises: list[float | None] = []
 
     def execute(self, role, run_key, token, work, *, on_fence=None):
         from types import SimpleNamespace
@@ -235,7 +237,8 @@ class FakeSingleton:
         self.calls.append((role, run_key, token))
         self.on_fence = on_fence
         try:
-            return work(SimpleNamespace(token=token, reason=""))
+            return work(SimpleNamespace(token=token, reason="",
+                                        expect_retry=self.retry_promises.append))
         except BaseException as exc:
             self.failed_with.append(exc)
             if self.when_failed is not None:
@@ -271,6 +274,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSingleton:
 
 class ClaimTI:
     try_number = 1
+    max_tries = 1  # a retry is left: only a SIGTERM makes a failed try promise none
 
     def __init__(self, task: Any) -> None:
         self.task = task
@@ -383,6 +387,8 @@ def test_sigterm_stops_the_stock_bash_work_before_the_singleton_records_failed(
         restored = signal.signal(signal.SIGTERM, previous)
     assert airflow_calls == ["on_kill"]
     assert seen == [True], "the work still ran when the failure reached the singleton"
+    # a try stopped by SIGTERM promises no retry: other regions may take the run over at once
+    assert fake.retry_promises == [None]
     assert restored is airflow_handler  # the fenced run put Airflow's handler back
 
 
