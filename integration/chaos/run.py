@@ -489,6 +489,13 @@ def next_trial_number(out: Path, scenario: str) -> int:
     return max(taken, default=0) + 1
 
 
+def trials_held(out: Path, scenario: str, spark_master: str | None) -> int:
+    """How many trials of ``scenario`` on ``spark_master`` (None: ``local[*]``) ``out`` holds."""
+    master = spark_master or "local[*]"
+    return sum(1 for r in load_results(out) if r.get("scenario") == scenario
+               and (r.get("spark_master") or "local[*]") == master)
+
+
 def next_date(out: Path, date: dt.date) -> dt.date:
     """``date``, or the day after the last date any trial in ``out`` used: every trial of every
     run gets a run key of its own, so no trial can see an earlier trial's records."""
@@ -620,6 +627,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         choices=[*SCENARIOS, DAGSTER_SCENARIO, "all"],
                         help="scenario to run (repeatable; default all)")
     parser.add_argument("--trials", type=int, default=1, help="trials per scenario")
+    parser.add_argument("--fill", type=int, default=None, metavar="N",
+                        help="top up: skip a scenario once the results directory holds N "
+                        "trials of it on this Spark master (with a large --trials)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--broken", choices=sorted(BROKEN), default=None,
                         help="run a deliberately broken variant (the suite must fail)")
@@ -697,6 +707,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for scenario in scenarios:
                 if until is not None and time.time() >= until:
                     break
+                if args.fill is not None and trials_held(
+                        out, scenario, settings.spark_master) >= args.fill:
+                    continue
                 n = next_trial_number(out, scenario)
                 date = next_date(out, date)
                 result = run_trial(world, scenario, n, date.isoformat(), out, args.timeout)

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from integration.chaos.run import markdown, summarize  # noqa: E402
+from integration.chaos.run import markdown, summarize, trials_held  # noqa: E402
 
 
 def trial(n: int, takeover: list[float], running: list[float] | None) -> dict[str, Any]:
@@ -37,3 +37,16 @@ def test_running_percentiles_beside_the_takeover_and_old_results_count_as_not_me
     only_old = summarize([old])["rolling-restart"]
     assert (only_old["running_p50_s"], only_old["running_measured"]) == (None, 0)
     assert "| - | - |" in markdown({"rolling-restart": only_old}, "### t")
+
+
+def test_fill_counts_the_trials_held_per_scenario_and_spark_master(tmp_path: Path) -> None:
+    import json
+
+    for n, master in [(1, None), (2, "local-cluster"), (3, None)]:
+        result = trial(n, [12.0], [20.0])
+        if master:
+            result["spark_master"] = master
+        (tmp_path / f"rolling-restart-{n:03d}.json").write_text(json.dumps(result))
+    assert trials_held(tmp_path, "rolling-restart", None) == 2
+    assert trials_held(tmp_path, "rolling-restart", "local-cluster") == 1
+    assert trials_held(tmp_path, "kill-mid-job", None) == 0
