@@ -57,6 +57,7 @@ from integration.regions.world import (
     Settings,
     World,
     log_to_file,
+    remove_workdir,
     run_key_of,
     spark_master_arg,
     task_pids,
@@ -733,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            if r["duplicates"] or r["lost"] or r["fenced_as_expected"] is False or r["error"]]
     print(f"chaos: {len(results)} trials, {len(bad)} failed checks", flush=True)
     if args.workdir is None:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_workdir(workdir)
     return 1 if bad else 0
 
 

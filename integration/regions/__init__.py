@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import tempfile
 import threading
 import time
@@ -80,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; return 0 when every date ran exactly once (duplicates = lost = 0)."""
     from rich.console import Console
 
-    from integration.regions.world import Settings, World, log_to_file
+    from integration.regions.world import Settings, World, log_to_file, remove_workdir
 
     args = _parser().parse_args(argv)
     console = Console()
@@ -139,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with console.status("stopping the regions and Kafka"):
                 world.stop()
         if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_workdir(workdir)
 
 
 def _run(world, console, *, kill: bool, timeout: float):  # type: ignore[no-untyped-def]

@@ -616,6 +616,20 @@ def log_to_file(path: Path) -> None:
     root.setLevel(logging.INFO)
 
 
+def remove_workdir(workdir: Path) -> None:
+    """Delete ``workdir`` after detaching the log file inside it (:func:`log_to_file`), so a
+    late record (py4j's gateway closing at exit) has nowhere to fail to reopen it."""
+    import shutil
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(
+                workdir.resolve()):
+            root.removeHandler(handler)
+            handler.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def task_pids(region: AirflowRegion, run_id: str, task_id: str) -> list[int]:
     """Pids of the Airflow task process(es) running ``task_id`` of ``run_id`` in ``region``
     (the process whose title is ``airflow worker -- <task instance id>``), without their
