@@ -89,7 +89,16 @@ class WorkNotStopped(NeliError):
 
 
 class AcquireTimeoutError(NeliError):
-    """Leadership of a role could not be acquired in time: another member holds it."""
+    """Leadership of a role could not be acquired in time: another member holds it, or
+    another deployment holds a live claim on the run (``WAIT``).
+
+    ``wait_until``: wall-clock time (epoch seconds) after which asking again may give another
+    answer (the claim's or retry window's end), when the ledger says; None otherwise.
+    """
+
+    def __init__(self, message: str, *, wait_until: float | None = None) -> None:
+        super().__init__(message)
+        self.wait_until = wait_until
 
 
 class PermanentKafkaError(NeliError):

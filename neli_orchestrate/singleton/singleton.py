@@ -357,8 +357,9 @@ class Singleton:
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(decision.wait_until)))
             raise AcquireTimeoutError(
                 f"run {run_key!r} of role {role!r} is held by another deployment{until}:"
-                f" {decision.reason}. This try does not run; a later try (retry the task)"
-                " decides again and runs it if that claim lapses")
+                f" {decision.reason}. This try does not run; asked again (the Airflow fenced"
+                " try waits and asks again), it runs the work if that claim lapses",
+                wait_until=decision.wait_until)
         if decision.record_failure:
             # RUNNING at max_attempts: record the terminal failure, as a gate would.
             failure = claim_record(decision, replay, run_key=run_key, me=me, now=now,

@@ -353,6 +353,30 @@ def test_a_failed_try_says_when_its_retry_comes_or_that_none_will(
     assert execution._retry_in(error) == expected
 
 
+def test_a_waiting_try_asks_again_when_the_window_ends_not_a_whole_poke_later(
+        fake, monkeypatch) -> None:
+    import neli_orchestrate.airflow.operators.fenced as fenced_module
+
+    answers = [AcquireTimeoutError("held by eu-west-1", wait_until=time.time() + 1.0),
+               AcquireTimeoutError("another member leads the role"), None]
+    pauses: list[float] = []
+    execute = fake.execute
+
+    def held_then_free(*args: Any, **kwargs: Any) -> Any:
+        fake.error = answers.pop(0)
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(fake, "execute", held_then_free)
+    monkeypatch.setattr(fenced_module.time, "sleep", pauses.append)
+    with DAG("fenced_dag", schedule=None, start_date=LOGICAL):
+        task = FencedRecorder(task_id="job")
+        LeaderGateOperator(task_id="claim_run", role=ROLE, poke_interval=60, timeout=600) >> task
+    assert task.execute(context_for(task, claim())) == "result"
+    assert task.executed == 1 and len(fake.calls) == 3
+    assert 0.5 <= pauses[0] <= 1.6, pauses  # just after the window, not the 60 s poke
+    assert pauses[1] == 60, pauses  # no window known: the gate's poke_interval
+
+
 def test_superseded_claim_fails_the_try_naming_the_new_owner_and_token(fake) -> None:
     fake.error = FencedError(
         "claim 5 of run 'x' is no longer ours: superseded by token 9 of eu-west-1 (CLAIMED)",

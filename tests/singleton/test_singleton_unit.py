@@ -263,8 +263,11 @@ def test_execute_while_another_deployment_holds_a_live_claim_fails_the_try_clean
     newer = make("eu-west-1", coordinator, ledger, wall_clock=later).reserve(ROLE, "d1")
     assert newer.outcome is Outcome.TAKE_OVER and newer.token > old.token
     # its claim is live (its deadline is an hour ahead of our clock): this try does not run
-    with pytest.raises(AcquireTimeoutError, match="eu-west-1.*later try"):
+    with pytest.raises(AcquireTimeoutError, match="eu-west-1.*asked again") as held:
         make("us-east-1", coordinator, ledger).execute(ROLE, "d1", old.token, lambda run: None)
+    # when asking again may help: the claim's handoff deadline (+ max clock error)
+    assert held.value.wait_until == pytest.approx(
+        ledger.latest(ROLE, "d1").handoff_deadline + 1.0)
     assert ledger.history(ROLE, "d1") == [RunState.CLAIMED, RunState.CLAIMED]
     # once that claim lapsed unstarted, the same try (same gate token) takes it over
     ran = []

@@ -316,9 +316,11 @@ def _wait_and_run(task: Any, gate: Any, execution: _FencedExecution, singleton: 
                     f"waited {patience:.0f} s (the gate's timeout) for run "
                     f"{execution.claim.run_key!r} while another deployment held it: {exc}"
                 ) from exc
-            task.log.info("Waiting, as the gate would: %s. Asking again in %.0f s", exc,
-                          min(poke, left))
-            time.sleep(min(poke, left))
+            pause = min(poke, left)
+            if exc.wait_until is not None:  # the window ends sooner: ask again just after it
+                pause = min(pause, max(0.5, exc.wait_until - time.time() + 0.5))
+            task.log.info("Waiting, as the gate would: %s. Asking again in %.1f s", exc, pause)
+            time.sleep(pause)
 
 
 def _seconds(value: Any, default: float) -> float:
