@@ -112,6 +112,11 @@ def _check_reachable(bootstrap: str) -> None:
         raise LocalKafkaError(f"{BOOTSTRAP_ENV}={bootstrap} is not reachable: {exc}") from exc
 
 
+#: Seconds a session fixture's broker or Spark daemon gets to stop on SIGTERM at the end of
+#: the session before it is killed: its data is thrown away, so no graceful shutdown is owed.
+SESSION_END_GRACE = 5.0
+
+
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[str]:
     """Bootstrap servers of a real Kafka broker for this test session."""
@@ -137,7 +142,7 @@ def kafka_broker() -> Iterator[str]:
         # traceback) are destroyed while the broker still answers: a client that outlives it
         # retries its connection and librdkafka prints "Connect ... refused" at exit.
         gc.collect()
-        kafka.stop()
+        kafka.stop(timeout=SESSION_END_GRACE)
 
 
 @pytest.fixture(scope="session")
@@ -154,7 +159,7 @@ def spark_cluster() -> Iterator[Any]:
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop(timeout=SESSION_END_GRACE)
 
 
 @pytest.fixture(scope="session")
@@ -194,7 +199,7 @@ def secured_kafka() -> Iterator[SecuredLocalKafka]:
     try:
         yield kafka
     finally:
-        kafka.stop()
+        kafka.stop(timeout=SESSION_END_GRACE)
 
 
 @pytest.fixture(scope="session")
@@ -209,4 +214,4 @@ def secured_kafka_tls() -> Iterator[SecuredLocalKafka]:
     try:
         yield kafka
     finally:
-        kafka.stop()
+        kafka.stop(timeout=SESSION_END_GRACE)

@@ -377,6 +377,41 @@ def test_a_waiting_try_asks_again_when_the_window_ends_not_a_whole_poke_later(
     assert pauses[1] == 60, pauses  # no window known: the gate's poke_interval
 
 
+def test_sigterm_ends_a_waiting_try_at_once_after_airflows_handler(fake, monkeypatch) -> None:
+    import os
+
+    import neli_orchestrate.airflow.operators.fenced as fenced_module
+
+    answers = [AcquireTimeoutError("held by eu-west-1"), None]  # then free: the work would run
+    execute = fake.execute
+
+    def held_then_free(*args: Any, **kwargs: Any) -> Any:
+        fake.error = answers.pop(0)
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(fake, "execute", held_then_free)
+    airflow_calls: list[int] = []
+
+    def airflow_handler(signum: int, frame: Any) -> None:  # Airflow's: on_kill, nothing more
+        airflow_calls.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, airflow_handler)
+    monkeypatch.setattr(fenced_module.time, "sleep",
+                        lambda seconds: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        with DAG("fenced_dag", schedule=None, start_date=LOGICAL):
+            task = FencedRecorder(task_id="job")
+            LeaderGateOperator(task_id="claim_run", role=ROLE, poke_interval=60,
+                               timeout=600) >> task
+        with pytest.raises(AirflowException, match="SIGTERM.*while waiting"):
+            task.execute(context_for(task, claim()))
+        assert airflow_calls == [signal.SIGTERM]  # Airflow's handler (on_kill) ran first
+        assert signal.getsignal(signal.SIGTERM) is airflow_handler  # and is back
+        assert task.executed == 0 and len(fake.calls) == 1  # never asked again, never ran
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_superseded_claim_fails_the_try_naming_the_new_owner_and_token(fake) -> None:
     fake.error = FencedError(
         "claim 5 of run 'x' is no longer ours: superseded by token 9 of eu-west-1 (CLAIMED)",

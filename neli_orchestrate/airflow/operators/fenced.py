@@ -320,7 +320,32 @@ def _wait_and_run(task: Any, gate: Any, execution: _FencedExecution, singleton: 
             if exc.wait_until is not None:  # the window ends sooner: ask again just after it
                 pause = min(pause, max(0.5, exc.wait_until - time.time() + 0.5))
             task.log.info("Waiting, as the gate would: %s. Asking again in %.1f s", exc, pause)
-            time.sleep(pause)
+            _sleep_unless_terminated(pause)
+
+
+class _Terminated(AirflowException):
+    """SIGTERM while a fenced try waited: nothing runs and nothing is held, so the try ends."""
+
+
+def _sleep_unless_terminated(seconds: float) -> None:
+    """Sleep, but end the try at once on SIGTERM (after Airflow's own handler): Airflow 3's
+    task runner would otherwise only call ``on_kill()`` and let the wait go on until the
+    supervisor's SIGKILL."""
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(seconds)  # signals reach the main thread only (a test driving a task)
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminate(signum: int, frame: Any) -> None:
+        if callable(previous):
+            previous(signum, frame)
+        raise _Terminated("terminated (SIGTERM) while waiting for another deployment's run")
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        time.sleep(seconds)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _seconds(value: Any, default: float) -> float:
