@@ -874,13 +874,12 @@ class Simulation:
                 if how == "exited" and result[0] == "unreadable":
                     self._unreadable(dep, role, run_key)
                     return
-                if (how == "exited" and result[0] in ("held", "timeout")
-                        and cfg.mutation != "wait_fails_try"):
-                    # Another deployment holds the run: the fenced try waits as the gate
-                    # does (asks again every poke) and uses no try.
-                    yield (SLEEP, cfg.wait_poll)
-                    continue
                 if how == "exited" and result[0] in ("held", "timeout"):
+                    if cfg.mutation != "wait_fails_try":
+                        # Another deployment holds the run: the fenced try waits as the gate
+                        # does (asks again every poke) and uses no try.
+                        yield (SLEEP, cfg.wait_poll)
+                        continue
                     self.tries_lost_to_wait[(dep.name, role, run_key)] = True
                 tried += 1
                 if tried <= retries:

@@ -97,7 +97,7 @@ class Run(Reservation):
             raise ValueError(f"seconds must be None or a finite number >= 0, got {seconds!r}")
         object.__setattr__(self, "_retry_in", seconds)
 
-    def retry_deadline(self, now: float, handoff_timeout: float) -> float | None:
+    def _retry_deadline(self, now: float, handoff_timeout: float) -> float | None:
         """The ``FAILED`` record's handoff deadline by :meth:`expect_retry` (None: not said)."""
         retry_in = self._retry_in
         if retry_in is _UNSAID:

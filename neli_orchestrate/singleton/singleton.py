@@ -513,7 +513,7 @@ class Singleton:
                 now = self._wall()
                 self._write_end(writer, run, record.advance(
                     RunState.FAILED, at=now, reason=reason, unstopped=unstopped,
-                    handoff_deadline=run.retry_deadline(now, self.config.policy.handoff_timeout)))
+                    handoff_deadline=run._retry_deadline(now, self.config.policy.handoff_timeout)))
                 raise
             run.check()
             self._write_end(writer, run, record.advance(RunState.COMPLETED, at=self._wall()))

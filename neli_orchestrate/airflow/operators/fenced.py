@@ -300,8 +300,7 @@ def _wait_and_run(task: Any, gate: Any, execution: _FencedExecution, singleton: 
     gate would (the run completed elsewhere), or runs it (the other region failed or died).
     Returns the work's value, or the :class:`SkippedRun` to end as the gate would.
     """
-    poke = _seconds(getattr(gate, "poke_interval", 30.0), 30.0)
-    patience = _seconds(getattr(gate, "timeout", None), 7 * 24 * 3600.0)
+    poke, patience = gate.poke_interval, gate.timeout  # seconds: the sensor coerced them
     deadline = time.monotonic() + patience
     while True:
         try:
@@ -346,13 +345,6 @@ def _sleep_unless_terminated(seconds: float) -> None:
         time.sleep(seconds)
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _seconds(value: Any, default: float) -> float:
-    if value is None:
-        return default
-    total = getattr(value, "total_seconds", None)
-    return float(total() if callable(total) else value)
 
 
 def _end_as_the_gate_would(
@@ -549,13 +541,12 @@ class _FencedExecution:
                 or try_number > max_tries):
             return None
         task = self.task
-        delay = _seconds(getattr(task, "retry_delay", None), 300.0)
-        multiplier = float(getattr(task, "retry_exponential_backoff", 0) or 0)
+        delay = task.retry_delay.total_seconds()
+        multiplier = float(task.retry_exponential_backoff or 0)
         if multiplier > 0 and multiplier != 1.0:
             delay = 2 * max(1.0, delay * multiplier ** (try_number - 1))
-        cap = getattr(task, "max_retry_delay", None)
-        if cap is not None:
-            delay = min(delay, _seconds(cap, delay))
+        if task.max_retry_delay is not None:
+            delay = min(delay, task.max_retry_delay.total_seconds())
         return delay
 
     def _stop_work(self, why: str) -> None:
