@@ -389,6 +389,7 @@ def claim_record(
     if decision.latest is not None and decision.latest.run_key != run_key:
         raise ValueError(f"decision was taken on {decision.latest.run_key!r}, not {run_key!r}")
     token = replay.next_token
+    unstopped = may_still_run(decision.latest)
     if decision.record_failure:
         return LedgerRecord(
             role=replay.role,
@@ -400,6 +401,7 @@ def claim_record(
             attempt=decision.attempt,
             at=now,
             reason=decision.reason,
+            unstopped=unstopped,
         )
     return LedgerRecord(
         role=replay.role,
@@ -412,7 +414,24 @@ def claim_record(
         at=now,
         reason=f"{decision.outcome}: {decision.reason}",
         handoff_deadline=now + policy.handoff_timeout if state is RunState.CLAIMED else None,
+        unstopped=unstopped,
     )
+
+
+def may_still_run(record: LedgerRecord | None) -> str:
+    """The remote application a new claim over ``record`` inherits as possibly still running.
+
+    ``record``'s own ``unstopped`` (a failed try's unconfirmed kill, or one carried from an
+    earlier claim), else the application a ``RUNNING`` record named: that try never recorded
+    how it ended (its process died, or it was fenced), so its application may run on. A
+    ``FAILED`` try that confirmed its application stopped, and a ``COMPLETED`` one, leave
+    nothing. The new claim's try stops it before it submits its own (docs/guide/spark.md).
+    """
+    if record is None:
+        return ""
+    if record.unstopped:
+        return record.unstopped
+    return record.application if record.state is RunState.RUNNING else ""
 
 
 def reset_record(
@@ -458,6 +477,7 @@ def reset_record(
         attempt=1,
         at=now,
         reason=reason.strip()[:2000],
+        unstopped=latest.unstopped,
     )
 
 

@@ -29,6 +29,7 @@ from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.namespace import Namespace
 from neli_orchestrate.core.roles import partition_for
 from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.ledger.record import RunState
 from neli_orchestrate.settings import ClusterSettings
 
 if TYPE_CHECKING:
@@ -261,25 +262,36 @@ def _ledger_members(history: LedgerHistory | None) -> dict[tuple[str, str], str]
 
 
 def unstopped_note(entry: HistoryEntry) -> str | None:
-    """"run R: <application> may still be running (...)" for a ``FAILED`` record whose try could
-    not confirm its remote application stopped (the record's ``unstopped``); else None."""
+    """"run R: <application> may still be running (...)" for a record that names a remote
+    application nobody confirmed stopped (the record's ``unstopped``: a failed try's
+    unconfirmed kill, or an earlier token's application a later claim inherited); else None."""
     record = entry.record
     if record is None or not record.unstopped:
         return None
-    return (f"run {record.run_key!r}: {record.unstopped} may still be running (its try under "
-            f"token {record.token} failed at {iso_time(record.at)} in deployment "
-            f"{record.deployment!r} without confirming the kill); check the cluster manager "
-            f"and kill it if so")
+    if record.state is RunState.FAILED and record.application in ("", record.unstopped):
+        why = (f"its try under token {record.token} failed at {iso_time(record.at)} in "
+               f"deployment {record.deployment!r} without confirming the kill")
+    else:
+        why = (f"started under an earlier token; not confirmed stopped as of the "
+               f"{record.state} record of token {record.token} at {iso_time(record.at)} in "
+               f"deployment {record.deployment!r}")
+    return (f"run {record.run_key!r}: {record.unstopped} may still be running ({why}); check "
+            f"the cluster manager and kill it if so")
 
 
 def unstopped_notes(history: LedgerHistory | None) -> dict[str, list[str]]:
-    """{role: notes} of every record still in the ledger that names an application which may
-    still be running (:func:`unstopped_note`), oldest first."""
-    notes: dict[str, list[str]] = {}
+    """{role: notes} of every run whose latest record names an application which may still be
+    running (:func:`unstopped_note`), oldest first."""
+    latest: dict[tuple[str, str], HistoryEntry] = {}
     for entry in history.entries if history is not None else ():
+        if entry.role is not None and entry.run_key is not None:
+            latest.pop((entry.role, entry.run_key), None)  # keep the ledger's order
+            latest[(entry.role, entry.run_key)] = entry
+    notes: dict[str, list[str]] = {}
+    for (role, _), entry in latest.items():
         note = unstopped_note(entry)
-        if note is not None and entry.role is not None:
-            notes.setdefault(entry.role, []).append(note)
+        if note is not None:
+            notes.setdefault(role, []).append(note)
     return notes
 
 
@@ -418,8 +430,10 @@ def entry_data(entry: HistoryEntry) -> dict[str, Any]:
             "attempt": record.attempt, "at": iso_time(record.at),
             "handoff_deadline": iso_time(record.handoff_deadline) or None,
             "reason": record.reason,
-            # a remote application the failed try could not confirm stopped
+            # a remote application nobody confirmed stopped (a failed try's, or inherited)
             "unstopped": record.unstopped or None,
+            # the remote application this claim's try submitted
+            "application": record.application or None,
         })
     elif entry.error is not None:
         data["error"] = entry.error

@@ -50,7 +50,9 @@ class RunState(StrEnum):
 _TRANSITIONS: Mapping[RunState, frozenset[RunState]] = MappingProxyType(
     {
         RunState.CLAIMED: frozenset({RunState.RUNNING, RunState.FAILED}),
-        RunState.RUNNING: frozenset({RunState.COMPLETED, RunState.FAILED}),
+        # RUNNING -> RUNNING: the try names what it started, or that an earlier try's
+        # application is stopped (Run.record_application, Run.record_stopped).
+        RunState.RUNNING: frozenset({RunState.RUNNING, RunState.COMPLETED, RunState.FAILED}),
         RunState.COMPLETED: frozenset(),
         RunState.FAILED: frozenset(),
         RunState.RESET: frozenset(),
@@ -107,10 +109,15 @@ class LedgerRecord:
     at: float
     reason: str = ""
     handoff_deadline: float | None = None
-    #: ``FAILED`` only: a remote application this claim started that the failed try could not
-    #: confirm stopped (e.g. ``standalone application driver-… on spark://…``): it may still
-    #: be running. Empty otherwise; written only when set (v1 readers ignore it).
+    #: A remote application that may still be running (e.g. ``standalone application
+    #: driver-… on spark://…``): on ``FAILED``, the one the failed try could not confirm
+    #: stopped; on a later claim, carried from the record it replaced (an earlier token's
+    #: application nobody confirmed stopped) until a try of this claim confirms it stopped.
+    #: Empty otherwise; written only when set (readers before it ignore it).
     unstopped: str = ""
+    #: The remote application this claim's try submitted (``RUNNING`` and after), named as soon
+    #: as the submission returned its id, so that a successor can stop it if this try dies.
+    application: str = ""
 
     def __post_init__(self) -> None:
         # One combined test for the common, valid case keeps replays of large ledgers fast;
@@ -127,6 +134,7 @@ class LedgerRecord:
             and type(self.at) in _NUMBERS and -_INF < self.at < _INF
             and type(self.reason) is str
             and type(self.unstopped) is str
+            and type(self.application) is str
             and (
                 (deadline is None and self.state is not RunState.CLAIMED)
                 or (type(deadline) in _NUMBERS and -_INF < deadline < _INF)  # type: ignore[operator]
@@ -147,6 +155,7 @@ class LedgerRecord:
         _check_time("at", self.at)
         _check_text("reason", self.reason, empty_ok=True)
         _check_text("unstopped", self.unstopped, empty_ok=True)
+        _check_text("application", self.application, empty_ok=True)
         if self.handoff_deadline is not None:
             _check_time("handoff_deadline", self.handoff_deadline)
         elif self.state is RunState.CLAIMED:
@@ -177,6 +186,8 @@ class LedgerRecord:
             text += f", claim live until {format_epoch(self.handoff_deadline)}"
         if self.reason:
             text += f" (reason: {self.reason})"
+        if self.application and self.application != self.unstopped:
+            text += f"; submitted {self.application}"
         if self.unstopped:
             text += f"; {self.unstopped} may still be running"
         return text
@@ -198,6 +209,8 @@ class LedgerRecord:
         }
         if self.unstopped:
             value["unstopped"] = self.unstopped
+        if self.application:
+            value["application"] = self.application
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     @classmethod
@@ -225,16 +238,19 @@ class LedgerRecord:
         member: str | None = None,
         reason: str = "",
         handoff_deadline: float | None = None,
-        unstopped: str = "",
+        unstopped: str | None = None,
+        application: str | None = None,
     ) -> LedgerRecord:
         """The next record of the same claim (same token, attempt and deployment).
 
-        Legal moves: ``CLAIMED -> RUNNING | FAILED`` and ``RUNNING -> COMPLETED | FAILED``.
+        Legal moves: ``CLAIMED -> RUNNING | FAILED`` and ``RUNNING -> RUNNING | COMPLETED |
+        FAILED`` (``RUNNING -> RUNNING`` names what the try started, or clears ``unstopped``).
         ``member`` is who writes it (the executor in split form); defaults to the claimant.
-        ``unstopped`` (``FAILED`` only): what the try started and could not confirm stopped.
+        ``unstopped`` and ``application``: None keeps this record's; ``application`` only from
+        ``RUNNING`` on.
         """
-        if unstopped and state is not RunState.FAILED:
-            raise ValueError(f"only a FAILED record names an unstopped application, not {state}")
+        if application and state is RunState.CLAIMED:
+            raise ValueError("a CLAIMED record names no application: nothing was submitted yet")
         if state not in _TRANSITIONS[self.state]:
             raise ValueError(
                 f"a {self.state} record of {self.role}/{self.run_key} cannot move to {state}"
@@ -246,7 +262,8 @@ class LedgerRecord:
             member=self.member if member is None else member,
             reason=reason,
             handoff_deadline=handoff_deadline,
-            unstopped=unstopped,
+            unstopped=self.unstopped if unstopped is None else unstopped,
+            application=self.application if application is None else application,
         )
 
 
@@ -320,6 +337,7 @@ def _parse(value: bytes | str, expect: tuple[str, str] | None) -> LedgerRecord:
             data.get("reason", ""),
             data.get("handoff_deadline"),
             data.get("unstopped", ""),
+            data.get("application", ""),
         )
     except KeyError:
         missing = [name for name in _FIELDS if name not in data]

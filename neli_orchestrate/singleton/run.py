@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from neli_orchestrate.claim import Claim
 from neli_orchestrate.decision import Outcome
@@ -76,11 +77,49 @@ class Run(Reservation):
         object.__setattr__(self, "_fenced", None)
         object.__setattr__(self, "_callbacks", [])
         object.__setattr__(self, "_retry_in", _UNSAID)
+        object.__setattr__(self, "_held", None)
 
     _lock: threading.Lock = field(init=False, repr=False)
     _fenced: str | None = field(init=False, repr=False)
     _callbacks: list[Callable[[str], object]] = field(init=False, repr=False)
     _retry_in: float | None | object = field(init=False, repr=False)
+    #: Set by the singleton while the run is held: writes RUNNING updates of this claim.
+    _held: Any = field(init=False, repr=False)
+
+    @property
+    def unstopped(self) -> str:
+        """A remote application an earlier claim of this run key started that nobody confirmed
+        stopped (e.g. ``standalone application driver-… on spark://…``), or ``""``.
+
+        Before starting work that must not run beside it, stop it and confirm it stopped, then
+        call :meth:`record_stopped`. The fenced Airflow task does this for Spark applications.
+        """
+        held = self._held
+        return held.record.unstopped if held is not None else ""
+
+    def record_application(self, application: str) -> None:
+        """Name, in the ledger, the remote application this run's work just submitted (a Spark
+        driver in cluster deploy mode), so that a successor can stop it should this try die or
+        be cut off before it stops it itself. Writes a ``RUNNING`` update of this claim.
+
+        Raises :class:`FencedError` if the run was fenced meanwhile.
+        """
+        self._update(application=_text("application", application))
+
+    def record_stopped(self, application: str) -> None:
+        """Say that :attr:`unstopped` (``application``) is confirmed stopped: a ``RUNNING``
+        update clears it, and later claims no longer inherit it."""
+        if application != self.unstopped:
+            raise ValueError(f"{application!r} is not this run's unstopped application "
+                             f"({self.unstopped!r})")
+        self._update(unstopped="")
+
+    def _update(self, **fields: str) -> None:
+        held = self._held
+        if held is None:
+            raise RuntimeError("only a held run (inside the work) records its application")
+        self.check()
+        held.update(self, **fields)
 
     def expect_retry(self, seconds: float | None) -> None:
         """Say, before the work's error leaves the run, when this deployment tries again.
@@ -152,6 +191,12 @@ class Run(Reservation):
     def __repr__(self) -> str:
         return (f"Run(role={self.role!r}, run_key={self.run_key!r}, outcome={self.outcome},"
                 f" token={self.token})")
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
 
 
 def _call_quietly(callback: Callable[[str], object], reason: str) -> None:

@@ -491,6 +491,8 @@ class Singleton:
         check and here (e.g. during a slow ``RUNNING`` write) fails the try before the work.
         """
         run.on_fence(lambda reason: self._metric(Metric.FENCE, run.role, run.run_key))
+        held = _Held(self, writer, record)
+        object.__setattr__(run, "_held", held)
         lead.attach(run)
         try:
             lead.verify()
@@ -501,23 +503,26 @@ class Singleton:
                 # The work skipped itself: terminal (COMPLETED, "skipped by the task"), never
                 # FAILED, which another region would take over and skip again, for ever.
                 run.check()
-                self._write_end(writer, run, record.advance(
-                    RunState.COMPLETED, at=self._wall(), reason=skipped_reason(str(exc))))
+                skipped = skipped_reason(str(exc))
+                held.end(run, lambda r: r.advance(
+                    RunState.COMPLETED, at=self._wall(), reason=skipped))
                 raise
             except BaseException as exc:
                 if isinstance(exc, FencedError):
                     raise
                 run.check()  # fenced: the work failed because it was stopped; record nothing
                 reason = f"{type(exc).__name__}: {exc}"[:2000]
-                unstopped = exc.application if isinstance(exc, WorkNotStopped) else ""
+                # None keeps what the claim inherited (an earlier token's application)
+                unstopped = exc.application if isinstance(exc, WorkNotStopped) else None
                 now = self._wall()
-                self._write_end(writer, run, record.advance(
+                held.end(run, lambda r: r.advance(
                     RunState.FAILED, at=now, reason=reason, unstopped=unstopped,
                     handoff_deadline=run._retry_deadline(now, self.config.policy.handoff_timeout)))
                 raise
             run.check()
-            self._write_end(writer, run, record.advance(RunState.COMPLETED, at=self._wall()))
+            held.end(run, lambda r: r.advance(RunState.COMPLETED, at=self._wall()))
         finally:
+            held.ended = True
             lead.work_finished()
 
     def _write_end(self, writer: LedgerWriter, run: Run, record: LedgerRecord) -> None:
@@ -601,6 +606,31 @@ _OUTCOME_METRIC = {
     Outcome.WAIT: Metric.WAIT,
     Outcome.GIVE_UP: Metric.GIVE_UP,
 }
+
+
+class _Held:
+    """The claim's current record while its work runs: ``RUNNING`` updates (from any thread,
+    e.g. a watcher that names the submitted application) and the end record, one at a time."""
+
+    def __init__(self, singleton: Singleton, writer: LedgerWriter, record: LedgerRecord) -> None:
+        self.singleton = singleton
+        self.writer = writer
+        self.record = record
+        self.ended = False
+        self.lock = threading.Lock()
+
+    def update(self, run: Run, **fields: str) -> None:
+        with self.lock:
+            if self.ended:
+                raise RuntimeError(f"run {run.run_key!r} already ended: nothing to update")
+            record = self.record.advance(RunState.RUNNING, at=self.singleton._wall(), **fields)
+            self.singleton._write_end(self.writer, run, record)
+            self.record = record
+
+    def end(self, run: Run, build: Callable[[LedgerRecord], LedgerRecord]) -> None:
+        with self.lock:
+            self.ended = True
+            self.singleton._write_end(self.writer, run, build(self.record))
 
 
 def _describe(record: LedgerRecord | None) -> str:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import zlib
+from dataclasses import replace
 
 import pytest
 
@@ -77,8 +78,31 @@ def test_a_failed_record_names_an_application_that_may_still_run() -> None:
     assert failed.describe().endswith(f"; {APP} may still be running")
     # written only when set: every other record keeps the documented object
     assert "unstopped" not in json.loads(running.encode())
-    with pytest.raises(ValueError, match="only a FAILED record"):
-        running.advance(RunState.COMPLETED, at=NOW + 1, unstopped=APP)
+
+
+def test_a_running_try_names_its_application_and_a_new_claim_inherits_it() -> None:
+    from neli_orchestrate.decision import may_still_run
+
+    running = record(RunState.RUNNING)
+    named = running.advance(RunState.RUNNING, at=NOW + 1, application=APP)
+    assert json.loads(named.encode())["application"] == APP
+    assert LedgerRecord.decode(named.encode(), key=named.key) == named
+    assert named.describe().endswith(f"; submitted {APP}")
+    # a try that never recorded its end (died, fenced, cut off) leaves it to the next claim
+    assert may_still_run(named) == APP
+    # COMPLETED, or FAILED with the kill confirmed: nothing to inherit
+    assert may_still_run(named.advance(RunState.COMPLETED, at=NOW + 2)) == ""
+    assert may_still_run(named.advance(RunState.FAILED, at=NOW + 2)) == ""
+    # FAILED without the kill confirmed, or a claim that inherited it and has not stopped it
+    assert may_still_run(named.advance(RunState.FAILED, at=NOW + 2, unstopped=APP)) == APP
+    inherited = replace(record(RunState.CLAIMED), unstopped=APP)
+    assert may_still_run(inherited.advance(RunState.RUNNING, at=NOW + 2)) == APP
+    cleared = inherited.advance(RunState.RUNNING, at=NOW + 2).advance(
+        RunState.RUNNING, at=NOW + 3, unstopped="")
+    assert may_still_run(cleared) == ""
+    with pytest.raises(ValueError, match="names no application"):
+        running.advance(RunState.FAILED, at=NOW + 1).advance(
+            RunState.CLAIMED, at=NOW + 2, application=APP)
 
 
 @pytest.mark.parametrize(

@@ -461,3 +461,56 @@ def test_expire_tombstones_only_finished_run_keys_past_retention(world) -> None:
     assert ledger.latest(ROLE, "claimed").state is RunState.CLAIMED
     with later.claim(ROLE, "after") as run:
         assert run.token > claimed.token, "tokens keep increasing after expiry"
+
+
+APP = "standalone application driver-20130105000000-0001 on spark://10.0.0.5:6066"
+
+
+def test_an_application_a_dead_try_named_is_handed_to_the_next_claim_until_it_is_stopped(world):
+    coordinator, ledger = world
+    reservation = make("us-east-1", coordinator, ledger).reserve(ROLE, "d1")
+    # the executor named its cluster-mode driver, then its process died
+    writer = ledger.begin(ROLE)
+    claimed = writer.replay().latest("d1")
+    running = claimed.advance(RunState.RUNNING, at=claimed.at + 1)
+    writer.write(running)
+    writer.write(running.advance(RunState.RUNNING, at=claimed.at + 2, application=APP))
+    seen = []
+
+    def work(run):  # what the fenced Spark task does before it submits its own driver
+        seen.append(run.unstopped)
+        run.record_stopped(APP)
+        seen.append(run.unstopped)
+        run.record_application("standalone application driver-2 on spark://10.0.0.5:6066")
+
+    make("us-east-1", coordinator, ledger).execute(ROLE, "d1", reservation.token, work)
+    assert seen == [APP, ""]
+    latest = ledger.latest(ROLE, "d1")
+    assert latest.state is RunState.COMPLETED and latest.token > reservation.token
+    assert latest.unstopped == "" and "driver-2" in latest.application
+    with pytest.raises(ValueError, match="not this run's unstopped"):
+        with make("us-east-1", coordinator, ledger).claim(ROLE, "d2") as run:
+            run.record_stopped(APP)
+
+
+def test_an_application_not_confirmed_stopped_stays_with_the_run_key(world) -> None:
+    from neli_orchestrate.errors import WorkNotStopped
+
+    coordinator, ledger = world
+    east = make("us-east-1", coordinator, ledger, max_attempts=5)
+    with pytest.raises(WorkNotStopped), east.claim(ROLE, "d1") as run:
+        run.record_application(APP)
+        raise WorkNotStopped("timed out; kill not confirmed", application=APP)
+    assert ledger.latest(ROLE, "d1").unstopped == APP
+    # the retry inherits it; failing again for another reason keeps it, and so does success
+    with pytest.raises(RuntimeError), east.claim(ROLE, "d1") as run:
+        assert run.should_run and run.unstopped == APP
+        raise RuntimeError("the cluster manager did not answer")
+    assert ledger.latest(ROLE, "d1").unstopped == APP
+    # a held run's updates end with it
+    with east.claim(ROLE, "d1") as run:
+        held = run
+    completed = ledger.latest(ROLE, "d1")
+    assert completed.state is RunState.COMPLETED and completed.unstopped == APP  # still shown
+    with pytest.raises(RuntimeError, match="already ended"):
+        held.record_application(APP)
