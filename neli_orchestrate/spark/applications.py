@@ -6,6 +6,9 @@ Usage::
     problem = submission_problem(task._get_hook())  # at run time, from the provider's parsing
     app = remote_application(hook)                  # after a fence: the driver on the cluster
     status = confirm_stopped(task, app, context, deadline=30.0)  # or ApplicationNotStopped
+    earlier = parse_application(run.unstopped)      # what an earlier token left running
+    if elsewhere(task, earlier) is None:            # on this task's own cluster manager
+        status = stop_application(task, earlier, context, deadline=30.0)  # kill, confirm
 
 A fenced task records ``COMPLETED`` when the operator's ``execute`` returns, so ``execute`` must
 return only once the Spark application reached its final state. With the Apache Spark provider
@@ -29,6 +32,7 @@ Spark provider: it reads the operator's and the hook's attributes.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,8 +44,11 @@ __all__ = [
     "ApplicationNotStopped",
     "RemoteApplication",
     "confirm_stopped",
+    "elsewhere",
     "import_problem",
+    "parse_application",
     "remote_application",
+    "stop_application",
     "submission_problem",
 ]
 
@@ -131,6 +138,16 @@ class RemoteApplication:
         return f"{self.manager} application {self.external_id} on {self.master}"
 
 
+_TEXT = re.compile(r"(standalone|yarn|kubernetes) application (\S+) on (\S.*)")
+
+
+def parse_application(text: str) -> RemoteApplication | None:
+    """The :class:`RemoteApplication` whose ``str()`` is ``text`` (as the ledger stores it);
+    None for anything else (an application another integration named its own way)."""
+    match = _TEXT.fullmatch(text.strip())
+    return RemoteApplication(*match.groups()) if match else None
+
+
 def remote_application(hook: Any) -> RemoteApplication | None:
     """The driver the provider submitted to the cluster (cluster deploy mode), if it knows one.
 
@@ -199,3 +216,95 @@ def confirm_stopped(
         if clock() >= end:
             raise ApplicationNotStopped(application, f"{last} after {deadline:g} s")
         sleep(poll)
+
+
+def _manager(hook: Any) -> str | None:
+    """Which cluster manager ``hook`` submits drivers to in cluster mode (None: client mode)."""
+    connection = hook._connection
+    if connection.get("deploy_mode") != "cluster":
+        return None
+    if hook._should_track_driver_status:
+        return "standalone"
+    if hook._is_yarn:
+        return "yarn"
+    if hook._is_kubernetes:
+        return "kubernetes"
+    return None
+
+
+def elsewhere(task: Any, application: RemoteApplication) -> str | None:
+    """Why ``task`` cannot ask about ``application``, or None if its own cluster manager can.
+
+    Another kind of cluster manager, client mode, or another master URL (driver ids are unique
+    only within one cluster manager: a standalone ``driver-…`` id of one cluster may name
+    another driver on another, so it is never killed by id there).
+    """
+    hook = task._get_hook()
+    manager = _manager(hook)
+    if manager != application.manager:
+        return (f"this task's Spark connection submits to "
+                f"{manager or 'no cluster manager (client or local mode)'}")
+    master = str(hook._connection.get("master"))
+    if master != application.master:
+        return f"this task's Spark connection submits to {master}"
+    return None
+
+
+def _not_found(exc: Exception) -> bool:
+    """The cluster manager answered that it does not know the application (it ended and was
+    forgotten): the standalone master's ``"success": false``, the ResourceManager's 404."""
+    response = getattr(exc, "response", None)
+    if getattr(response, "status_code", None) == 404:
+        return True
+    return isinstance(exc, RuntimeError) and "REST API returned failure" in str(exc)
+
+
+def stop_application(
+    task: Any,
+    application: RemoteApplication,
+    context: Any,
+    *,
+    deadline: float,
+    poll: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Stop ``application`` (an earlier try's driver) through ``task``'s own cluster manager.
+
+    Call it only where :func:`elsewhere` says the task's cluster manager can. Asks for the
+    application's state with the provider's status query; if it is still active, kills it
+    with the provider's own kill (a new ``SparkSubmitHook`` of the task, given the driver id,
+    the YARN application id or the driver pod) and asks again until it is no longer active
+    (:func:`confirm_stopped`). Returns the final state (``NOT_FOUND`` where the manager no
+    longer knows it). Raises :class:`ApplicationNotStopped` if the manager does not confirm
+    the stop within ``deadline`` seconds.
+    """
+    try:
+        status = str(task.get_job_status(application.external_id, context))
+    except Exception as exc:  # noqa: BLE001 - kill and ask again below
+        if _not_found(exc):
+            logger.info("%s, started under an earlier token, is unknown to its cluster manager "
+                        "(%s)", application, exc)
+            return "NOT_FOUND"
+        logger.info("could not ask for %s before killing it: %s: %s", application,
+                    type(exc).__name__, exc)
+    else:
+        if not task.is_job_active(status):
+            logger.info("%s, started under an earlier token, is not running: %s", application,
+                        status)
+            return status
+    logger.warning("killing %s, started under an earlier token, before submitting", application)
+    hook = task._get_hook()
+    if application.manager == "standalone":
+        hook._driver_id = application.external_id
+    elif application.manager == "yarn":
+        hook._yarn_application_id = application.external_id
+    else:
+        hook._kubernetes_driver_pod = application.external_id.split(":", 1)[-1]
+    hook._post_submit_commands_done = True  # the task's own, after its own job: not here
+    try:
+        hook.on_kill()
+    except Exception:  # noqa: BLE001 - the confirmation below says whether it worked
+        logger.exception("the provider's kill of %s failed", application)
+    return confirm_stopped(task, application, context, deadline=deadline, poll=poll,
+                           clock=clock, sleep=sleep)

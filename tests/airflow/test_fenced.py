@@ -16,6 +16,7 @@ from typing import Any
 
 import pendulum
 import pytest
+from airflow.providers.apache.spark.hooks import spark_submit as provider_hook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, BaseOperator
@@ -86,13 +87,19 @@ class FakeSingleton:
         self.calls: list[tuple[str, str, int]] = []
         self.fenced: str | None = None
         self.config = SimpleNamespace(deployment=A)
+        #: what an earlier token left running (the claim's inherited ``unstopped``)
+        self.unstopped = ""
+        self.stopped: list[str] = []
 
     def execute(self, role, run_key, token, work, *, on_fence=None):
         self.calls.append((role, run_key, token))
         if self.error is not None:
             raise self.error
+        self.applications: list[str] = []
         run = SimpleNamespace(token=self.run_token or token, reason="re-claimed", role=role,
-                              expect_retry=lambda seconds: None)
+                              expect_retry=lambda seconds: None, unstopped=self.unstopped,
+                              record_application=self.applications.append,
+                              record_stopped=self.stopped.append)
 
         def fence(reason: str) -> None:
             self.fenced = reason
@@ -809,3 +816,71 @@ def test_a_timeout_whose_driver_kill_is_unconfirmed_fails_naming_the_driver(
     assert "AirflowTaskTimeout" in str(raised.value) and "may still be running" in str(raised.value)
     assert [(e.name, e.role, e.run_key) for e in sent] == [
         (Metric.SPARK_UNCONFIRMED_KILL, ROLE, RUN_KEY)]
+
+
+EARLIER = "standalone application driver-20130106000000-0001 on spark://127.0.0.1:7077"
+
+
+@pytest.mark.parametrize("state", ["KILLED", "FINISHED"])
+def test_an_earlier_tokens_driver_is_stopped_and_confirmed_before_the_job_submits(
+        fake, monkeypatch, state) -> None:
+    events: list[str] = []
+    answers = iter(["RUNNING", state] if state == "KILLED" else [state])
+
+    def status(self: Any, external_id: str, ctx: Any) -> str:
+        events.append(f"asked {external_id}")
+        return next(answers)
+
+    monkeypatch.setattr(SparkSubmitOperator, "get_job_status", status)
+    monkeypatch.setattr(provider_hook.SparkSubmitHook, "on_kill",
+                        lambda hook: events.append(f"killed {hook._driver_id}"))
+    monkeypatch.setattr(SparkSubmitOperator, "execute_resumable",
+                        lambda self, ctx: events.append("submitted"))
+    fake.unstopped = EARLIER
+    task = stock_spark_on_a_cluster(monkeypatch)
+    task.execute(runner_context(task))
+    driver = "driver-20130106000000-0001"
+    if state == "KILLED":
+        assert events == [f"asked {driver}", f"killed {driver}", f"asked {driver}", "submitted"]
+    else:  # it had ended: nothing to kill
+        assert events == [f"asked {driver}", "submitted"]
+    assert fake.stopped == [EARLIER]
+
+
+def test_an_earlier_tokens_driver_the_master_cannot_confirm_stopped_fails_the_try_unsubmitted(
+        fake, monkeypatch) -> None:
+    from neli_orchestrate.errors import WorkNotStopped
+
+    monkeypatch.setenv("NELI_SPARK_KILL_CONFIRM_TIMEOUT", "0.3")
+    submitted: list[str] = []
+
+    def unreachable(self: Any, external_id: str, ctx: Any) -> str:
+        raise ConnectionRefusedError("the master's REST port is unreachable")
+
+    monkeypatch.setattr(SparkSubmitOperator, "get_job_status", unreachable)
+    monkeypatch.setattr(provider_hook.SparkSubmitHook, "on_kill", lambda hook: None)
+    monkeypatch.setattr(SparkSubmitOperator, "execute_resumable",
+                        lambda self, ctx: submitted.append("submitted"))
+    fake.unstopped = EARLIER
+    task = stock_spark_on_a_cluster(monkeypatch)
+    with pytest.raises(WorkNotStopped) as raised:
+        task.execute(runner_context(task))
+    assert raised.value.application == EARLIER  # FAILED names it again: the next try asks again
+    assert "not submitting beside an earlier token's application" in str(raised.value)
+    assert submitted == [] and fake.stopped == []
+
+
+def test_an_earlier_tokens_driver_on_another_cluster_is_left_to_the_sink(fake,
+                                                                         monkeypatch) -> None:
+    submitted: list[str] = []
+    monkeypatch.setattr(SparkSubmitOperator, "execute_resumable",
+                        lambda self, ctx: submitted.append("submitted"))
+    fake.unstopped = EARLIER.replace("127.0.0.1:7077", "10.9.9.9:7077")
+    task = stock_spark_on_a_cluster(monkeypatch)
+    warnings: list[str] = []
+    monkeypatch.setattr(type(task.log), "warning",
+                        lambda log, msg, *args: warnings.append(msg % args), raising=False)
+    task.execute(runner_context(task))
+    assert submitted == ["submitted"] and fake.stopped == []
+    assert [w for w in warnings if "this try cannot stop it (this task's Spark connection "
+            "submits to spark://127.0.0.1:7077)" in w], warnings

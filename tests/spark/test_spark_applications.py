@@ -23,8 +23,11 @@ from neli_orchestrate.spark.applications import (
     ApplicationNotStopped,
     RemoteApplication,
     confirm_stopped,
+    elsewhere,
     import_problem,
+    parse_application,
     remote_application,
+    stop_application,
     submission_problem,
 )
 
@@ -231,3 +234,83 @@ def test_import_time_rules_read_only_the_operators_literal_arguments(
 
     problem = import_problem(SparkSubmitOperator(task_id="job", application="job.py", **kwargs))
     assert (problem is None) if refused is None else (refused in (problem or ""))
+
+
+@pytest.mark.parametrize("application", [
+    APP,
+    RemoteApplication("yarn", "application_1700000000000_0042", "yarn"),
+    RemoteApplication("kubernetes", "etl:nyc-driver", "k8s://https://k8s.example:6443"),
+])
+def test_the_ledgers_text_of_an_application_reads_back(application: RemoteApplication) -> None:
+    assert parse_application(str(application)) == application
+    assert parse_application("a Dagster step's own words") is None
+
+
+class KillTask(StatusTask):
+    """StatusTask whose ``_get_hook`` is the provider's hook on a real connection."""
+
+    def __init__(self, answers: list[Any], conn_id: str = "spark_standalone_cluster") -> None:
+        super().__init__(answers)
+        self.conn_id = conn_id
+
+    def _get_hook(self) -> SparkSubmitHook:
+        return hook(self.conn_id)
+
+
+@pytest.fixture
+def kills(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The commands the provider's on_kill runs (not run: recorded)."""
+    commands: list[list[str]] = []
+
+    class Popen:
+        def __init__(self, cmd: list[str], **kwargs: Any) -> None:
+            commands.append(list(cmd))
+
+        def __enter__(self) -> Popen:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(provider_hook.subprocess, "Popen", Popen)
+    return commands
+
+
+def test_an_earlier_tokens_driver_still_running_is_killed_by_the_provider_then_confirmed(
+        kills: list[list[str]]) -> None:
+    clock = Clock()
+    task = KillTask(["RUNNING", "RUNNING", "KILLED"])
+    assert stop_application(task, APP, {}, deadline=10, clock=clock,
+                            sleep=clock.sleep) == "KILLED"
+    (command,) = kills  # the provider's own standalone kill (its REST server), for that driver
+    assert command[-1] == f"http://10.0.0.5:6066/v1/submissions/kill/{APP.external_id}"
+    assert task.asked == [APP.external_id] * 3
+
+
+def test_an_earlier_tokens_driver_that_ended_is_not_killed(kills: list[list[str]]) -> None:
+    assert stop_application(KillTask(["FAILED"]), APP, {}, deadline=10) == "FAILED"
+    assert kills == []
+
+
+@pytest.mark.parametrize(("conn_id", "application", "why"), [
+    ("spark_standalone_cluster", APP, None),
+    ("spark_standalone_client", APP, "no cluster manager"),
+    ("spark_yarn_cluster", APP, "submits to yarn"),
+    # another standalone cluster: its driver ids may name another driver here
+    ("spark_standalone_cluster", RemoteApplication("standalone", APP.external_id,
+                                                   "spark://10.9.9.9:7077"),
+     "submits to spark://10.0.0.5:7077"),
+])
+def test_only_a_driver_on_this_tasks_own_cluster_manager_is_asked_about_and_killed(
+        conn_id: str, application: RemoteApplication, why: str | None) -> None:
+    found = elsewhere(KillTask([], conn_id), application)
+    assert found is None if why is None else why in (found or "")
+
+
+def test_a_driver_the_master_no_longer_knows_is_not_killed(kills: list[list[str]]) -> None:
+    unknown = RuntimeError(f"Spark REST API returned failure for {APP.external_id}: unknown")
+    assert stop_application(KillTask([unknown]), APP, {}, deadline=10) == "NOT_FOUND"
+    assert kills == []

@@ -365,6 +365,71 @@ def test_a_fence_that_cannot_reach_the_master_says_the_driver_may_still_run(
             spark_cluster.kill_driver(driver)
 
 
+def wait_for_record(kafka_broker: str, namespace: str, role: str,
+                    check: Any, timeout: float = 60) -> Any:
+    with singleton(neli_connection(kafka_broker, namespace, "observer")) as s:
+        deadline = time.monotonic() + timeout
+        while True:
+            record = s.status(role, RUN_KEY.format(dag_id=role))
+            if record is not None and check(record):
+                return record
+            assert time.monotonic() < deadline, record
+            time.sleep(0.3)
+
+
+def test_a_successor_stops_the_driver_a_frozen_region_left_running_before_it_submits(
+    tmp_path: Path, spark_cluster: Any, kafka_broker: str, namespace: str, driver_jar: Path
+) -> None:
+    """us-east-1 submits a cluster-mode driver and names it in the ledger, then freezes past
+    its session (it can stop nothing, as if cut off); eu-west-1's try inherits the driver,
+    kills it on the cluster and confirms it, and only then submits its own."""
+    out = tmp_path / "out"
+    east = tmp_path / "east"
+    east.mkdir()
+    role = "cluster_successor"
+    proc = start_dag(
+        east, dag_source(role, driver_jar, out, 600), role,
+        connections={"neli_default": neli_connection(kafka_broker, namespace, "us-east-1"),
+                     "spark_cluster": spark_connection(spark_cluster.rest_port)},
+        env=spark_env())
+    log = east / "dags_test.log"
+    old = None
+    try:
+        started = wait_for(out, "*.started", proc, log)
+        token = int(started.name.split(".")[0])
+        (old,) = driver_ids(log.read_text())
+        named = wait_for_record(kafka_broker, namespace, role,
+                                lambda r: old in r.application)
+        assert named.state is RunState.RUNNING and named.token == token
+        proc.send_signal(signal.SIGSTOP)  # us-east-1 stops nothing from now on
+        result = run_dag(
+            tmp_path / "west", dag_source(role, driver_jar, out, 2), role,
+            connections={"neli_default": neli_connection(kafka_broker, namespace, "eu-west-1"),
+                         "spark_cluster": spark_connection(spark_cluster.rest_port)},
+            env=spark_env())
+        assert result.returncode == 0, failure(result.output)
+        # the earlier token's driver was killed on the cluster, and confirmed, before the
+        # successor submitted its own
+        assert spark_cluster.driver_state(old) == "KILLED"
+        output = result.output
+        stopped = output.index(f"standalone application {old} on")
+        (new,) = [d for d in driver_ids(output) if d != old]
+        assert "started under an earlier token, is stopped (KILLED)" in output, \
+            failure(output)
+        assert stopped < output.index(new), "submitted before the earlier driver was stopped"
+        record = wait_for_record(kafka_broker, namespace, role,
+                                 lambda r: r.state is RunState.COMPLETED)
+        assert record.token > token and record.unstopped == "" and new in record.application
+        assert (out / f"{record.token}.finished").exists()
+        assert not (out / f"{token}.finished").exists()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(30)
+        if old is not None:
+            spark_cluster.kill_driver(old)
+
+
 TIMEOUT_PROBE = """
 import json
 import urllib.request

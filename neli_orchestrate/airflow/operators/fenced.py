@@ -480,8 +480,13 @@ class _FencedExecution:
             )
         self.prepare(current, self.context)
         self.children_before = _children()
-        self.in_work = True
+        watcher: _ApplicationWatcher | None = None
         try:
+            if _is_spark_submit(task):
+                # Never beside an earlier token's driver that may still run on the cluster.
+                self._stop_earlier_application(run)
+                watcher = _ApplicationWatcher(task, run)
+            self.in_work = True
             with _environ(current.env()):
                 result = self.work()
             # The task's own asset events name the run, as the other regions' proxies do.
@@ -520,6 +525,49 @@ class _FencedExecution:
             raise
         finally:
             self.in_work = False
+            if watcher is not None:
+                watcher.stop()
+
+    def _stop_earlier_application(self, run: Any) -> None:
+        """Stop the application an earlier token started and nobody confirmed stopped
+        (``run.unstopped``: its try died, was cut off, or failed to confirm its kill), through
+        this task's own cluster manager, before this try submits its own. Where the cluster
+        manager does not confirm it, the try fails (``FAILED`` names it again) rather than
+        run beside it."""
+        text = run.unstopped
+        if not text:
+            return
+        from neli_orchestrate.spark.applications import (
+            ApplicationNotStopped,
+            elsewhere,
+            parse_application,
+            stop_application,
+        )
+
+        task = self.task
+        application = parse_application(text)
+        why = ("not a Spark application it knows" if application is None
+               else elsewhere(task, application))
+        if application is None or why:
+            # Not on this task's cluster manager: it cannot be asked, let alone killed here.
+            task.log.warning(
+                "%s, started under an earlier token, may still be running; this try cannot stop "
+                "it (%s): only the token-checked sink keeps it from overwriting this run's "
+                "output (docs/guide/spark.md)", text, why)
+            return
+        try:
+            state = stop_application(task, application, self.context,
+                                     deadline=kill_confirm_timeout())
+        except ApplicationNotStopped as exc:
+            self._count_unconfirmed_kill()
+            raise ApplicationMayStillRun(
+                f"not submitting beside an earlier token's application: {exc}",
+                application=text) from exc
+        finally:
+            task._hook = None  # the work builds its own hook, with everything in conf
+        task.log.info("%s, started under an earlier token, is stopped (%s): submitting under "
+                      "token %s", application, state, run.token)
+        run.record_stopped(text)
 
     def _retry_in(self, exc: BaseException) -> float | None:
         """Seconds until Airflow starts this task's next try after ``exc``; None: no next try.
@@ -670,6 +718,48 @@ class _FencedExecution:
         if self.in_work:
             self.terminated = True
             raise AirflowException("terminated (SIGTERM) while running under a claim")
+
+
+class _ApplicationWatcher:
+    """Names the Spark application in the ledger as soon as the provider knows its id.
+
+    In cluster deploy mode the driver runs on the cluster, not in this process tree: should
+    this try die or be cut off, the ``RUNNING`` record's ``application`` lets the next claim's
+    try stop it before submitting its own (``Run.record_application``).
+    """
+
+    INTERVAL = 0.25
+
+    def __init__(self, task: Any, run: Any) -> None:
+        self.task = task
+        self.run = run
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="neli-application-watcher",
+                                       daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        from neli_orchestrate.spark.applications import remote_application
+
+        while not self.stopped.wait(self.INTERVAL):
+            try:
+                application = remote_application(getattr(self.task, "_hook", None))
+            except (AttributeError, KeyError, TypeError):
+                continue  # the hook is being built
+            if application is None:
+                continue
+            try:
+                self.run.record_application(str(application))
+            except Exception as exc:  # noqa: BLE001 - fenced or ended: nothing left to name
+                self.task.log.warning("could not name %s in the ledger: %s", application, exc)
+            else:
+                self.task.log.info("Named %s in the ledger (token %s)", application,
+                                   self.run.token)
+            return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=30)
 
 
 @contextlib.contextmanager
