@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -782,8 +783,9 @@ class AirflowRegions:
             raise
         return group
 
-    def stop(self) -> None:
-        _in_parallel([r.stop for r in self.regions])
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop every region at once, each with ``timeout`` seconds of SIGTERM grace."""
+        _in_parallel([functools.partial(r.stop, timeout) for r in self.regions])
 
 
 def _with_region_urls(connection: Mapping[str, Any], urls: Mapping[str, str]) -> dict[str, Any]:

@@ -98,6 +98,9 @@ class Settings:
 SINKS = ("delta", "directory")
 LOCAL_CLUSTER = "local-cluster"
 
+#: Seconds of SIGTERM grace each region's processes get when the world ends.
+END_GRACE = 5.0
+
 
 def spark_master_arg(value: str) -> str:
     """Check a ``--spark-master`` value: ``local-cluster``, ``local[...]`` or ``spark://H:P``."""
@@ -303,7 +306,9 @@ class World:
         if self.observer is not None and self.observer.is_alive():
             self.observer.stop()
         if self.regions is not None:
-            self.regions.stop()
+            # The world ends: nothing is measured any more, so a short SIGTERM grace (a
+            # rolling restart's own stop keeps the operator's 20 s, restart_region)
+            self.regions.stop(timeout=END_GRACE)
         if self._table_session is not None:
             self._table_session.stop()
             self._table_session = None
