@@ -418,20 +418,26 @@ def claim_record(
     )
 
 
-def may_still_run(record: LedgerRecord | None) -> str:
-    """The remote application a new claim over ``record`` inherits as possibly still running.
+def may_still_run(record: LedgerRecord | None) -> tuple[str, ...]:
+    """The remote applications a new claim over ``record`` inherits as possibly still running.
 
-    ``record``'s own ``unstopped`` (a failed try's unconfirmed kill, or one carried from an
-    earlier claim), else the application a ``RUNNING`` record named: that try never recorded
-    how it ended (its process died, or it was fenced), so its application may run on. A
-    ``FAILED`` try that confirmed its application stopped, and a ``COMPLETED`` one, leave
-    nothing. The new claim's try stops it before it submits its own (docs/guide/spark.md).
+    ``record``'s own ``unstopped`` (failed tries' unconfirmed kills, or ones carried from
+    earlier claims that no try stopped), and the application a ``RUNNING`` record named: that
+    try never recorded how it ended (its process died, or it was fenced), so its application
+    may run on. The application of a ``FAILED`` try that confirmed it stopped, or of a
+    ``COMPLETED`` one, is not inherited. The new claim's try stops them before it submits its
+    own (docs/guide/spark.md).
     """
     if record is None:
-        return ""
-    if record.unstopped:
-        return record.unstopped
-    return record.application if record.state is RunState.RUNNING else ""
+        return ()
+    if record.state is RunState.RUNNING and record.application:
+        return with_application(record.unstopped, record.application)
+    return record.unstopped
+
+
+def with_application(applications: tuple[str, ...], application: str) -> tuple[str, ...]:
+    """``applications`` and ``application``, each once, in order."""
+    return applications if application in applications else (*applications, application)
 
 
 def reset_record(

@@ -268,15 +268,17 @@ def unstopped_note(entry: HistoryEntry) -> str | None:
     record = entry.record
     if record is None or not record.unstopped:
         return None
-    if record.state is RunState.FAILED and record.application in ("", record.unstopped):
+    if record.state is RunState.FAILED and record.unstopped[-1:] == (record.application,):
         why = (f"its try under token {record.token} failed at {iso_time(record.at)} in "
                f"deployment {record.deployment!r} without confirming the kill")
+    elif record.state is RunState.FAILED and not record.application:
+        why = (f"not confirmed stopped when the try under token {record.token} failed at "
+               f"{iso_time(record.at)} in deployment {record.deployment!r}")
     else:
-        why = (f"started under an earlier token; not confirmed stopped as of the "
-               f"{record.state} record of token {record.token} at {iso_time(record.at)} in "
-               f"deployment {record.deployment!r}")
-    return (f"run {record.run_key!r}: {record.unstopped} may still be running ({why}); check "
-            f"the cluster manager and kill it if so")
+        why = (f"not confirmed stopped as of the {record.state} record of token "
+               f"{record.token} at {iso_time(record.at)} in deployment {record.deployment!r}")
+    return (f"run {record.run_key!r}: {', '.join(record.unstopped)} may still be running "
+            f"({why}); check the cluster manager and kill it if so")
 
 
 def unstopped_notes(history: LedgerHistory | None) -> dict[str, list[str]]:
@@ -431,7 +433,7 @@ def entry_data(entry: HistoryEntry) -> dict[str, Any]:
             "handoff_deadline": iso_time(record.handoff_deadline) or None,
             "reason": record.reason,
             # a remote application nobody confirmed stopped (a failed try's, or inherited)
-            "unstopped": record.unstopped or None,
+            "unstopped": list(record.unstopped) or None,
             # the remote application this claim's try submitted
             "application": record.application or None,
         })

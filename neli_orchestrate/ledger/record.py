@@ -109,12 +109,12 @@ class LedgerRecord:
     at: float
     reason: str = ""
     handoff_deadline: float | None = None
-    #: A remote application that may still be running (e.g. ``standalone application
-    #: driver-… on spark://…``): on ``FAILED``, the one the failed try could not confirm
-    #: stopped; on a later claim, carried from the record it replaced (an earlier token's
-    #: application nobody confirmed stopped) until a try of this claim confirms it stopped.
-    #: Empty otherwise; written only when set (readers before it ignore it).
-    unstopped: str = ""
+    #: Remote applications that may still be running (e.g. ``standalone application
+    #: driver-… on spark://…``): on ``FAILED``, also the one the failed try could not confirm
+    #: stopped; on a later claim, carried from the record it replaced (earlier tokens'
+    #: applications nobody confirmed stopped) until a try of this claim confirms each stopped.
+    #: Empty otherwise; written only when set, as a JSON list (readers before it ignore it).
+    unstopped: tuple[str, ...] = ()
     #: The remote application this claim's try submitted (``RUNNING`` and after), named as soon
     #: as the submission returned its id, so that a successor can stop it if this try dies.
     application: str = ""
@@ -133,7 +133,8 @@ class LedgerRecord:
             and type(self.attempt) is int and self.attempt >= 1
             and type(self.at) in _NUMBERS and -_INF < self.at < _INF
             and type(self.reason) is str
-            and type(self.unstopped) is str
+            and type(self.unstopped) is tuple
+            and (not self.unstopped or _names(self.unstopped))
             and type(self.application) is str
             and (
                 (deadline is None and self.state is not RunState.CLAIMED)
@@ -154,7 +155,9 @@ class LedgerRecord:
         _check_count("attempt", self.attempt, 1)
         _check_time("at", self.at)
         _check_text("reason", self.reason, empty_ok=True)
-        _check_text("unstopped", self.unstopped, empty_ok=True)
+        if not isinstance(self.unstopped, tuple) or not _names(self.unstopped):
+            raise ValueError(f"unstopped must be a tuple of non-empty strings, got "
+                             f"{self.unstopped!r}")
         _check_text("application", self.application, empty_ok=True)
         if self.handoff_deadline is not None:
             _check_time("handoff_deadline", self.handoff_deadline)
@@ -186,10 +189,10 @@ class LedgerRecord:
             text += f", claim live until {format_epoch(self.handoff_deadline)}"
         if self.reason:
             text += f" (reason: {self.reason})"
-        if self.application and self.application != self.unstopped:
+        if self.application and self.application not in self.unstopped:
             text += f"; submitted {self.application}"
         if self.unstopped:
-            text += f"; {self.unstopped} may still be running"
+            text += f"; {', '.join(self.unstopped)} may still be running"
         return text
 
     def encode(self) -> bytes:
@@ -208,7 +211,7 @@ class LedgerRecord:
             "handoff_deadline": self.handoff_deadline,
         }
         if self.unstopped:
-            value["unstopped"] = self.unstopped
+            value["unstopped"] = list(self.unstopped)
         if self.application:
             value["application"] = self.application
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -238,7 +241,7 @@ class LedgerRecord:
         member: str | None = None,
         reason: str = "",
         handoff_deadline: float | None = None,
-        unstopped: str | None = None,
+        unstopped: tuple[str, ...] | None = None,
         application: str | None = None,
     ) -> LedgerRecord:
         """The next record of the same claim (same token, attempt and deployment).
@@ -336,7 +339,7 @@ def _parse(value: bytes | str, expect: tuple[str, str] | None) -> LedgerRecord:
             data["at"],
             data.get("reason", ""),
             data.get("handoff_deadline"),
-            data.get("unstopped", ""),
+            _applications(data.get("unstopped")),
             data.get("application", ""),
         )
     except KeyError:
@@ -352,6 +355,20 @@ def _parse(value: bytes | str, expect: tuple[str, str] | None) -> LedgerRecord:
             f" {expect[0]!r}/{expect[1]!r}"
         )
     return record
+
+
+def _names(values: tuple[object, ...]) -> bool:
+    return all(type(v) is str and v.strip() for v in values)
+
+
+def _applications(value: object) -> tuple[str, ...]:
+    """The ``unstopped`` field as written: absent, a list of names (or one name, as the
+    first writers of the field wrote it); anything else is left to the record's check."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value  # type: ignore[return-value]
 
 
 def encode_key(role: str, run_key: str) -> bytes:

@@ -87,15 +87,16 @@ class Run(Reservation):
     _held: Any = field(init=False, repr=False)
 
     @property
-    def unstopped(self) -> str:
-        """A remote application an earlier claim of this run key started that nobody confirmed
-        stopped (e.g. ``standalone application driver-… on spark://…``), or ``""``.
+    def unstopped(self) -> tuple[str, ...]:
+        """Remote applications earlier claims of this run key started that nobody confirmed
+        stopped (e.g. ``standalone application driver-… on spark://…``); empty if none.
 
-        Before starting work that must not run beside it, stop it and confirm it stopped, then
-        call :meth:`record_stopped`. The fenced Airflow task does this for Spark applications.
+        Before starting work that must not run beside them, stop each and confirm it stopped,
+        then call :meth:`record_stopped`. The fenced Airflow task does this for Spark
+        applications.
         """
         held = self._held
-        return held.record.unstopped if held is not None else ""
+        return held.record.unstopped if held is not None else ()
 
     def record_application(self, application: str) -> None:
         """Name, in the ledger, the remote application this run's work just submitted (a Spark
@@ -107,14 +108,14 @@ class Run(Reservation):
         self._update(application=_text("application", application))
 
     def record_stopped(self, application: str) -> None:
-        """Say that :attr:`unstopped` (``application``) is confirmed stopped: a ``RUNNING``
-        update clears it, and later claims no longer inherit it."""
-        if application != self.unstopped:
-            raise ValueError(f"{application!r} is not this run's unstopped application "
-                             f"({self.unstopped!r})")
-        self._update(unstopped="")
+        """Say that ``application``, one of :attr:`unstopped`, is confirmed stopped: a
+        ``RUNNING`` update drops it, and later claims no longer inherit it."""
+        if application not in self.unstopped:
+            raise ValueError(f"{application!r} is not among this run's unstopped applications "
+                             f"{self.unstopped!r}")
+        self._update(unstopped=tuple(a for a in self.unstopped if a != application))
 
-    def _update(self, **fields: str) -> None:
+    def _update(self, **fields: Any) -> None:
         held = self._held
         if held is None:
             raise RuntimeError("only a held run (inside the work) records its application")

@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from neli_orchestrate.core.neli import Neli
 from neli_orchestrate.decision import (
@@ -48,6 +48,7 @@ from neli_orchestrate.decision import (
     decide,
     reset_record,
     skipped_reason,
+    with_application,
 )
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
@@ -512,11 +513,12 @@ class Singleton:
                     raise
                 run.check()  # fenced: the work failed because it was stopped; record nothing
                 reason = f"{type(exc).__name__}: {exc}"[:2000]
-                # None keeps what the claim inherited (an earlier token's application)
-                unstopped = exc.application if isinstance(exc, WorkNotStopped) else None
+                # what the claim inherited stays; an application the try could not stop joins
+                own = exc.application if isinstance(exc, WorkNotStopped) else ""
                 now = self._wall()
                 held.end(run, lambda r: r.advance(
-                    RunState.FAILED, at=now, reason=reason, unstopped=unstopped,
+                    RunState.FAILED, at=now, reason=reason,
+                    unstopped=with_application(r.unstopped, own) if own else None,
                     handoff_deadline=run._retry_deadline(now, self.config.policy.handoff_timeout)))
                 raise
             run.check()
@@ -619,7 +621,7 @@ class _Held:
         self.ended = False
         self.lock = threading.Lock()
 
-    def update(self, run: Run, **fields: str) -> None:
+    def update(self, run: Run, **fields: Any) -> None:
         with self.lock:
             if self.ended:
                 raise RuntimeError(f"run {run.run_key!r} already ended: nothing to update")

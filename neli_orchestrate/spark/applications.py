@@ -148,6 +148,19 @@ def parse_application(text: str) -> RemoteApplication | None:
     return RemoteApplication(*match.groups()) if match else None
 
 
+def _cluster(hook: Any) -> str:
+    """The cluster manager ``hook`` submits to, as a :class:`RemoteApplication` names it: the
+    master URL; for YARN, whose master is ``yarn`` everywhere, the ResourceManager's web
+    address where the connection gives one (``yarn_resourcemanager_webapp_address``)."""
+    master = str(hook._connection.get("master"))
+    if hook._is_yarn:
+        try:
+            return str(hook._get_yarn_rm_base_url())
+        except (ValueError, RuntimeError, AttributeError):
+            return master
+    return master
+
+
 def remote_application(hook: Any) -> RemoteApplication | None:
     """The driver the provider submitted to the cluster (cluster deploy mode), if it knows one.
 
@@ -158,17 +171,16 @@ def remote_application(hook: Any) -> RemoteApplication | None:
     if hook is None:
         return None
     connection = hook._connection
-    master = str(connection.get("master"))
     if connection.get("deploy_mode") != "cluster":
         return None
     if hook._should_track_driver_status and hook._driver_id:
-        return RemoteApplication("standalone", hook._driver_id, master)
+        return RemoteApplication("standalone", hook._driver_id, _cluster(hook))
     if hook._is_yarn and hook._yarn_application_id:
-        return RemoteApplication("yarn", hook._yarn_application_id, master)
+        return RemoteApplication("yarn", hook._yarn_application_id, _cluster(hook))
     if hook._is_kubernetes and hook._kubernetes_driver_pod:
         namespace = connection.get("namespace") or "default"
         return RemoteApplication("kubernetes", f"{namespace}:{hook._kubernetes_driver_pod}",
-                                 master)
+                                 _cluster(hook))
     return None
 
 
@@ -233,30 +245,46 @@ def _manager(hook: Any) -> str | None:
 
 
 def elsewhere(task: Any, application: RemoteApplication) -> str | None:
-    """Why ``task`` cannot ask about ``application``, or None if its own cluster manager can.
+    """Why ``task`` cannot ask about and kill ``application``; None if its own cluster
+    manager can, through the provider.
 
-    Another kind of cluster manager, client mode, or another master URL (driver ids are unique
-    only within one cluster manager: a standalone ``driver-…`` id of one cluster may name
-    another driver on another, so it is never killed by id there).
+    Another kind of cluster manager, client mode, another cluster (driver ids are unique only
+    within one cluster manager: another cluster's ``driver-…`` id may name another driver
+    here), another Kubernetes namespace, or a provider setting without which the provider can
+    neither ask for an application's state nor kill it by id.
     """
     hook = task._get_hook()
     manager = _manager(hook)
     if manager != application.manager:
         return (f"this task's Spark connection submits to "
                 f"{manager or 'no cluster manager (client or local mode)'}")
-    master = str(hook._connection.get("master"))
-    if master != application.master:
-        return f"this task's Spark connection submits to {master}"
+    cluster = _cluster(hook)
+    if cluster != application.master:
+        return f"this task's Spark connection submits to {cluster}"
+    if manager == "yarn" and not hook._yarn_track_via_rm_api:
+        return ("the provider asks YARN for an application's state and kills it by id only "
+                "with yarn_track_via_rm_api=True")
+    if manager == "kubernetes":
+        if not hook._should_track_driver_via_k8s_api():
+            return ("the provider asks for a driver pod's phase and deletes it by name only "
+                    "with track_driver_via_k8s_api=True")
+        namespace = hook._connection.get("namespace") or "default"
+        if application.external_id.split(":", 1)[0] != namespace:
+            return f"this task's Spark connection submits to namespace {namespace}"
     return None
 
 
 def _not_found(exc: Exception) -> bool:
     """The cluster manager answered that it does not know the application (it ended and was
-    forgotten): the standalone master's ``"success": false``, the ResourceManager's 404."""
-    response = getattr(exc, "response", None)
-    if getattr(response, "status_code", None) == 404:
-        return True
-    return isinstance(exc, RuntimeError) and "REST API returned failure" in str(exc)
+    forgotten): an ALIVE standalone master's ``"success": false`` without an exception (a
+    standby or recovering master answers with one), the ResourceManager's 404, as the
+    provider reports them."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError):
+        return False
+    if "Spark REST API returned failure" in text:
+        return text.endswith((": unknown error", ": None"))
+    return "YARN RM REST API returned HTTP 404" in text
 
 
 def stop_application(

@@ -88,7 +88,7 @@ class FakeSingleton:
         self.fenced: str | None = None
         self.config = SimpleNamespace(deployment=A)
         #: what an earlier token left running (the claim's inherited ``unstopped``)
-        self.unstopped = ""
+        self.unstopped: tuple[str, ...] = ()
         self.stopped: list[str] = []
 
     def execute(self, role, run_key, token, work, *, on_fence=None):
@@ -836,7 +836,7 @@ def test_an_earlier_tokens_driver_is_stopped_and_confirmed_before_the_job_submit
                         lambda hook: events.append(f"killed {hook._driver_id}"))
     monkeypatch.setattr(SparkSubmitOperator, "execute_resumable",
                         lambda self, ctx: events.append("submitted"))
-    fake.unstopped = EARLIER
+    fake.unstopped = (EARLIER,)
     task = stock_spark_on_a_cluster(monkeypatch)
     task.execute(runner_context(task))
     driver = "driver-20130106000000-0001"
@@ -861,7 +861,7 @@ def test_an_earlier_tokens_driver_the_master_cannot_confirm_stopped_fails_the_tr
     monkeypatch.setattr(provider_hook.SparkSubmitHook, "on_kill", lambda hook: None)
     monkeypatch.setattr(SparkSubmitOperator, "execute_resumable",
                         lambda self, ctx: submitted.append("submitted"))
-    fake.unstopped = EARLIER
+    fake.unstopped = (EARLIER,)
     task = stock_spark_on_a_cluster(monkeypatch)
     with pytest.raises(WorkNotStopped) as raised:
         task.execute(runner_context(task))
@@ -875,7 +875,7 @@ def test_an_earlier_tokens_driver_on_another_cluster_is_left_to_the_sink(fake,
     submitted: list[str] = []
     monkeypatch.setattr(SparkSubmitOperator, "execute_resumable",
                         lambda self, ctx: submitted.append("submitted"))
-    fake.unstopped = EARLIER.replace("127.0.0.1:7077", "10.9.9.9:7077")
+    fake.unstopped = (EARLIER.replace("127.0.0.1:7077", "10.9.9.9:7077"),)
     task = stock_spark_on_a_cluster(monkeypatch)
     warnings: list[str] = []
     monkeypatch.setattr(type(task.log), "warning",

@@ -191,7 +191,7 @@ def test_an_application_a_failed_try_could_not_stop_shows_in_ledger_and_status(
     shown = cli("ledger", "show", *args, "cluster", "2013-01-01", "--json")
     assert shown.code == 0, shown.stderr
     data = shown.json()
-    assert data["state"] == "FAILED" and data["unstopped"] == app
+    assert data["state"] == "FAILED" and data["unstopped"] == [app]
     assert [w for w in data["warnings"] if f"{app} may still be running" in w]
     assert cli("ledger", "show", *args, "cluster", "2013-01-02", "--json").json()["unstopped"] \
         is None

@@ -70,14 +70,19 @@ APP = "standalone application driver-20130105000000-0000 on spark://10.0.0.5:606
 
 def test_a_failed_record_names_an_application_that_may_still_run() -> None:
     running = record(RunState.RUNNING)
-    failed = running.advance(RunState.FAILED, at=NOW + 1, reason="timeout", unstopped=APP)
+    failed = running.advance(RunState.FAILED, at=NOW + 1, reason="timeout", unstopped=(APP,))
     data = json.loads(failed.encode())
-    assert data["unstopped"] == APP  # an additive field: v1 readers ignore it
+    assert data["unstopped"] == [APP]  # an additive field: v1 readers ignore it
     assert data["v"] == 1
     assert LedgerRecord.decode(failed.encode(), key=failed.key) == failed
     assert failed.describe().endswith(f"; {APP} may still be running")
     # written only when set: every other record keeps the documented object
     assert "unstopped" not in json.loads(running.encode())
+    # the field's first writers wrote one name as a string
+    data["unstopped"] = APP
+    assert LedgerRecord.decode(json.dumps(data), key=failed.key) == failed
+    data["unstopped"] = [APP, ""]
+    assert LedgerRecord.decode(json.dumps(data), key=failed.key) is None  # malformed: ignored
 
 
 def test_a_running_try_names_its_application_and_a_new_claim_inherits_it() -> None:
@@ -89,17 +94,22 @@ def test_a_running_try_names_its_application_and_a_new_claim_inherits_it() -> No
     assert LedgerRecord.decode(named.encode(), key=named.key) == named
     assert named.describe().endswith(f"; submitted {APP}")
     # a try that never recorded its end (died, fenced, cut off) leaves it to the next claim
-    assert may_still_run(named) == APP
+    assert may_still_run(named) == (APP,)
     # COMPLETED, or FAILED with the kill confirmed: nothing to inherit
-    assert may_still_run(named.advance(RunState.COMPLETED, at=NOW + 2)) == ""
-    assert may_still_run(named.advance(RunState.FAILED, at=NOW + 2)) == ""
+    assert may_still_run(named.advance(RunState.COMPLETED, at=NOW + 2)) == ()
+    assert may_still_run(named.advance(RunState.FAILED, at=NOW + 2)) == ()
     # FAILED without the kill confirmed, or a claim that inherited it and has not stopped it
-    assert may_still_run(named.advance(RunState.FAILED, at=NOW + 2, unstopped=APP)) == APP
-    inherited = replace(record(RunState.CLAIMED), unstopped=APP)
-    assert may_still_run(inherited.advance(RunState.RUNNING, at=NOW + 2)) == APP
+    assert may_still_run(named.advance(RunState.FAILED, at=NOW + 2, unstopped=(APP,))) == (APP,)
+    inherited = replace(record(RunState.CLAIMED), unstopped=(APP,))
+    assert may_still_run(inherited.advance(RunState.RUNNING, at=NOW + 2)) == (APP,)
     cleared = inherited.advance(RunState.RUNNING, at=NOW + 2).advance(
-        RunState.RUNNING, at=NOW + 3, unstopped="")
-    assert may_still_run(cleared) == ""
+        RunState.RUNNING, at=NOW + 3, unstopped=())
+    assert may_still_run(cleared) == ()
+    # an inherited one this try could not reach, and its own, which it named, then died: both
+    other = "standalone application driver-20130105000000-0009 on spark://10.9.9.9:7077"
+    both = replace(record(RunState.CLAIMED), unstopped=(other,)).advance(
+        RunState.RUNNING, at=NOW + 2).advance(RunState.RUNNING, at=NOW + 3, application=APP)
+    assert may_still_run(both) == (other, APP)
     with pytest.raises(ValueError, match="names no application"):
         running.advance(RunState.FAILED, at=NOW + 1).advance(
             RunState.CLAIMED, at=NOW + 2, application=APP)

@@ -484,11 +484,11 @@ def test_an_application_a_dead_try_named_is_handed_to_the_next_claim_until_it_is
         run.record_application("standalone application driver-2 on spark://10.0.0.5:6066")
 
     make("us-east-1", coordinator, ledger).execute(ROLE, "d1", reservation.token, work)
-    assert seen == [APP, ""]
+    assert seen == [(APP,), ()]
     latest = ledger.latest(ROLE, "d1")
     assert latest.state is RunState.COMPLETED and latest.token > reservation.token
-    assert latest.unstopped == "" and "driver-2" in latest.application
-    with pytest.raises(ValueError, match="not this run's unstopped"):
+    assert latest.unstopped == () and "driver-2" in latest.application
+    with pytest.raises(ValueError, match="not among this run's unstopped"):
         with make("us-east-1", coordinator, ledger).claim(ROLE, "d2") as run:
             run.record_stopped(APP)
 
@@ -501,16 +501,23 @@ def test_an_application_not_confirmed_stopped_stays_with_the_run_key(world) -> N
     with pytest.raises(WorkNotStopped), east.claim(ROLE, "d1") as run:
         run.record_application(APP)
         raise WorkNotStopped("timed out; kill not confirmed", application=APP)
-    assert ledger.latest(ROLE, "d1").unstopped == APP
+    assert ledger.latest(ROLE, "d1").unstopped == (APP,)
     # the retry inherits it; failing again for another reason keeps it, and so does success
     with pytest.raises(RuntimeError), east.claim(ROLE, "d1") as run:
-        assert run.should_run and run.unstopped == APP
+        assert run.should_run and run.unstopped == (APP,)
         raise RuntimeError("the cluster manager did not answer")
-    assert ledger.latest(ROLE, "d1").unstopped == APP
-    # a held run's updates end with it
+    assert ledger.latest(ROLE, "d1").unstopped == (APP,)
+    # a try that cannot stop its own application either: both stay
+    own = "standalone application driver-3 on spark://10.0.0.5:6066"
+    with pytest.raises(WorkNotStopped), east.claim(ROLE, "d1") as run:
+        run.record_application(own)
+        raise WorkNotStopped("timed out again", application=own)
+    assert ledger.latest(ROLE, "d1").unstopped == (APP, own)
+    # the next try stops its own but not the other; a held run's updates end with it
     with east.claim(ROLE, "d1") as run:
+        run.record_stopped(own)
         held = run
     completed = ledger.latest(ROLE, "d1")
-    assert completed.state is RunState.COMPLETED and completed.unstopped == APP  # still shown
+    assert completed.state is RunState.COMPLETED and completed.unstopped == (APP,)  # shown
     with pytest.raises(RuntimeError, match="already ended"):
         held.record_application(APP)

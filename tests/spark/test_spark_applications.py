@@ -302,15 +302,91 @@ def test_an_earlier_tokens_driver_that_ended_is_not_killed(kills: list[list[str]
     # another standalone cluster: its driver ids may name another driver here
     ("spark_standalone_cluster", RemoteApplication("standalone", APP.external_id,
                                                    "spark://10.9.9.9:7077"),
-     "submits to spark://10.0.0.5:7077"),
+     "submits to spark://10.9.9.9:7077".replace("10.9.9.9", "10.0.0.5")),
+    # YARN: the master is 'yarn' on every cluster; the ResourceManager tells them apart
+    ("spark_yarn_rm", RemoteApplication("yarn", "application_1_0001", "http://rm-a:8088"), None),
+    ("spark_yarn_rm", RemoteApplication("yarn", "application_1_0001", "http://rm-b:8088"),
+     "submits to http://rm-a:8088"),
+    ("spark_yarn_cluster", RemoteApplication("yarn", "application_1_0001", "yarn"),
+     "only with yarn_track_via_rm_api=True"),
+    ("spark_k8s_tracked", RemoteApplication("kubernetes", "etl:nyc-driver",
+                                            "k8s://https://k8s.example:6443"), None),
+    ("spark_k8s_tracked", RemoteApplication("kubernetes", "other:nyc-driver",
+                                            "k8s://https://k8s.example:6443"),
+     "namespace etl"),
+    ("spark_k8s_cluster", RemoteApplication("kubernetes", "etl:nyc-driver",
+                                            "k8s://https://k8s.example:6443"),
+     "only with track_driver_via_k8s_api=True"),
 ])
 def test_only_a_driver_on_this_tasks_own_cluster_manager_is_asked_about_and_killed(
-        conn_id: str, application: RemoteApplication, why: str | None) -> None:
-    found = elsewhere(KillTask([], conn_id), application)
-    assert found is None if why is None else why in (found or "")
+        conn_id: str, application: RemoteApplication, why: str | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_RM", json.dumps({
+        "conn_type": "spark", "host": "yarn", "extra": {
+            "deploy-mode": "cluster", "yarn_resourcemanager_webapp_address": "rm-a:8088"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_K8S_TRACKED", json.dumps(CONNECTIONS[
+        "spark_k8s_cluster"]))
+    options = {"spark_yarn_rm": {"yarn_track_via_rm_api": True},
+               "spark_k8s_tracked": {"track_driver_via_k8s_api": True}}.get(conn_id, {})
+    task = KillTask([], conn_id)
+    task._get_hook = lambda: hook(conn_id, **options)  # type: ignore[method-assign]
+    found = elsewhere(task, application)
+    assert found is None if why is None else why in (found or ""), found
 
 
-def test_a_driver_the_master_no_longer_knows_is_not_killed(kills: list[list[str]]) -> None:
-    unknown = RuntimeError(f"Spark REST API returned failure for {APP.external_id}: unknown")
-    assert stop_application(KillTask([unknown]), APP, {}, deadline=10) == "NOT_FOUND"
+class Response:
+    def __init__(self, status: int, body: Any) -> None:
+        self.status_code = status
+        self.body = body
+        self.text = json.dumps(body)
+
+    def json(self) -> Any:
+        return self.body
+
+    def raise_for_status(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("answer", "found"), [
+    # an ALIVE master that does not know the driver: success false, no message
+    ({"action": "SubmissionStatusResponse", "success": False}, "NOT_FOUND"),
+    # a standby or recovering master: success false with the exception; not "not found"
+    ({"action": "SubmissionStatusResponse", "success": False,
+      "message": "Exception from the cluster:\njava.lang.Exception: Can only request driver "
+                 "status in ALIVE state. Current state: STANDBY."}, None),
+])
+def test_only_an_alive_masters_not_found_counts_as_ended(
+        kills: list[list[str]], monkeypatch: pytest.MonkeyPatch, answer: Any,
+        found: str | None) -> None:
+    from airflow.providers.apache.spark.operators import spark_submit as provider_operator
+
+    monkeypatch.setattr(provider_operator.requests, "get",
+                        lambda url, timeout: Response(200, answer))
+    task = provider_operator.SparkSubmitOperator(task_id="job", application="job.jar",
+                                                 conn_id="spark_standalone_cluster")
+    clock = Clock()
+    if found is not None:
+        assert stop_application(task, APP, {}, deadline=1, clock=clock,
+                                sleep=clock.sleep) == found
+        assert kills == []
+    else:  # killed, then not confirmed: the master cannot say
+        with pytest.raises(ApplicationNotStopped):
+            stop_application(task, APP, {}, deadline=1, clock=clock, sleep=clock.sleep)
+        assert len(kills) == 1
+
+
+def test_a_yarn_application_the_resourcemanager_no_longer_knows_counts_as_ended(
+        kills: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_RM", json.dumps({
+        "conn_type": "spark", "host": "yarn", "extra": {
+            "deploy-mode": "cluster", "yarn_resourcemanager_webapp_address": "rm-a:8088"}}))
+    monkeypatch.setattr(provider_hook.requests, "get",
+                        lambda url, **kwargs: Response(404, {"RemoteException": "not found"}))
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    task = SparkSubmitOperator(task_id="job", application="job.jar", conn_id="spark_yarn_rm",
+                               yarn_track_via_rm_api=True)
+    application = RemoteApplication("yarn", "application_1_0001", "http://rm-a:8088")
+    assert elsewhere(task, application) is None
+    assert stop_application(task, application, {}, deadline=1) == "NOT_FOUND"
     assert kills == []

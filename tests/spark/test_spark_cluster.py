@@ -419,7 +419,7 @@ def test_a_successor_stops_the_driver_a_frozen_region_left_running_before_it_sub
         assert stopped < output.index(new), "submitted before the earlier driver was stopped"
         record = wait_for_record(kafka_broker, namespace, role,
                                  lambda r: r.state is RunState.COMPLETED)
-        assert record.token > token and record.unstopped == "" and new in record.application
+        assert record.token > token and record.unstopped == () and new in record.application
         assert (out / f"{record.token}.finished").exists()
         assert not (out / f"{token}.finished").exists()
     finally:

@@ -484,7 +484,7 @@ class _FencedExecution:
         try:
             if _is_spark_submit(task):
                 # Never beside an earlier token's driver that may still run on the cluster.
-                self._stop_earlier_application(run)
+                self._stop_earlier_applications(run)
                 watcher = _ApplicationWatcher(task, run)
             self.in_work = True
             with _environ(current.env()):
@@ -528,15 +528,17 @@ class _FencedExecution:
             if watcher is not None:
                 watcher.stop()
 
-    def _stop_earlier_application(self, run: Any) -> None:
-        """Stop the application an earlier token started and nobody confirmed stopped
-        (``run.unstopped``: its try died, was cut off, or failed to confirm its kill), through
-        this task's own cluster manager, before this try submits its own. Where the cluster
-        manager does not confirm it, the try fails (``FAILED`` names it again) rather than
-        run beside it."""
-        text = run.unstopped
-        if not text:
-            return
+    def _stop_earlier_applications(self, run: Any) -> None:
+        """Stop the applications earlier tokens started and nobody confirmed stopped
+        (``run.unstopped``: their tries died, were cut off, or failed to confirm the kill),
+        through this task's own cluster manager, before this try submits its own."""
+        for text in run.unstopped:
+            self._stop_earlier_application(run, text)
+
+    def _stop_earlier_application(self, run: Any, text: str) -> None:
+        """Stop one; where the cluster manager does not confirm it, the try fails (``FAILED``
+        names it again) rather than run beside it. One the task cannot ask about (another
+        cluster) is left, with a warning, to the token-checked sink."""
         from neli_orchestrate.spark.applications import (
             ApplicationNotStopped,
             elsewhere,
