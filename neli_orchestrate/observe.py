@@ -29,7 +29,6 @@ from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.namespace import Namespace
 from neli_orchestrate.core.roles import partition_for
 from neli_orchestrate.errors import KafkaUnavailableError
-from neli_orchestrate.ledger.record import RunState
 from neli_orchestrate.settings import ClusterSettings
 
 if TYPE_CHECKING:
@@ -268,17 +267,10 @@ def unstopped_note(entry: HistoryEntry) -> str | None:
     record = entry.record
     if record is None or not record.unstopped:
         return None
-    if record.state is RunState.FAILED and record.unstopped[-1:] == (record.application,):
-        why = (f"its try under token {record.token} failed at {iso_time(record.at)} in "
-               f"deployment {record.deployment!r} without confirming the kill")
-    elif record.state is RunState.FAILED and not record.application:
-        why = (f"not confirmed stopped when the try under token {record.token} failed at "
-               f"{iso_time(record.at)} in deployment {record.deployment!r}")
-    else:
-        why = (f"not confirmed stopped as of the {record.state} record of token "
-               f"{record.token} at {iso_time(record.at)} in deployment {record.deployment!r}")
     return (f"run {record.run_key!r}: {', '.join(record.unstopped)} may still be running "
-            f"({why}); check the cluster manager and kill it if so")
+            f"(not confirmed stopped as of the {record.state} record of token {record.token} "
+            f"at {iso_time(record.at)} in deployment {record.deployment!r}); check the cluster "
+            f"manager and kill it if so")
 
 
 def unstopped_notes(history: LedgerHistory | None) -> dict[str, list[str]]:

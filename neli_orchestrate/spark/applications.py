@@ -168,20 +168,17 @@ def remote_application(hook: Any) -> RemoteApplication | None:
     YARN application id, the Kubernetes driver pod. None in client and local mode (the driver
     is spark-submit's own JVM, a child of the task process).
     """
-    if hook is None:
+    manager = None if hook is None else _manager(hook)
+    if manager == "standalone":
+        external_id = hook._driver_id
+    elif manager == "yarn":
+        external_id = hook._yarn_application_id
+    elif manager == "kubernetes" and hook._kubernetes_driver_pod:
+        namespace = hook._connection.get("namespace") or "default"
+        external_id = f"{namespace}:{hook._kubernetes_driver_pod}"
+    else:
         return None
-    connection = hook._connection
-    if connection.get("deploy_mode") != "cluster":
-        return None
-    if hook._should_track_driver_status and hook._driver_id:
-        return RemoteApplication("standalone", hook._driver_id, _cluster(hook))
-    if hook._is_yarn and hook._yarn_application_id:
-        return RemoteApplication("yarn", hook._yarn_application_id, _cluster(hook))
-    if hook._is_kubernetes and hook._kubernetes_driver_pod:
-        namespace = connection.get("namespace") or "default"
-        return RemoteApplication("kubernetes", f"{namespace}:{hook._kubernetes_driver_pod}",
-                                 _cluster(hook))
-    return None
+    return RemoteApplication(manager, external_id, _cluster(hook)) if external_id else None
 
 
 class ApplicationNotStopped(RuntimeError):  # noqa: N818 - reads as what happened

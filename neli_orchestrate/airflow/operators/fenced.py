@@ -744,8 +744,11 @@ class _ApplicationWatcher:
         from neli_orchestrate.spark.applications import remote_application
 
         while not self.stopped.wait(self.INTERVAL):
+            hook = getattr(self.task, "_hook", None)
             try:
-                application = remote_application(getattr(self.task, "_hook", None))
+                if hook is not None and hook._connection.get("deploy_mode") != "cluster":
+                    return  # client or local mode: the driver is this try's own child
+                application = remote_application(hook)
             except (AttributeError, KeyError, TypeError):
                 continue  # the hook is being built
             if application is None:
