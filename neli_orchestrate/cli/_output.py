@@ -43,15 +43,17 @@ def progress(text: str) -> Iterator[None]:
 when = iso_time
 
 
-def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """Print a table on stdout."""
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
+          width: int | None = None, whole: Sequence[str] = ()) -> None:
+    """Print a table on stdout; with ``width``, laid out in at most that many columns (rich
+    folds the widest cells, never those of the ``whole`` columns)."""
     out = Table(title=title, title_justify="left", show_lines=False)
     for column in columns:
-        out.add_column(column, overflow="fold")
+        out.add_column(column, overflow="fold", no_wrap=column in whole)
     for row in rows:
         out.add_row(*(cell if isinstance(cell, Text) else escape("" if cell is None else str(cell))
                       for cell in row))
-    stdout.print(out)
+    stdout.print(out, width=None if width is None else min(width, stdout.width))
 
 
 def emit(data: Any) -> None:

@@ -44,8 +44,8 @@ def print_liveness(target: Target, found: list[DeploymentLiveness] | None = None
             print_line(f"deployment liveness: not readable ({exc})")
             return
     if not found:
-        print_line("deployment liveness: no deployment of this namespace announces it (older"
-                   " versions or liveness off: claims are respected for handoff_timeout)")
+        print_line("deployment liveness: none announced (liveness off, or older versions);"
+                   " claims are respected for handoff_timeout")
         return
     table("deployments (liveness in Kafka)",
           ["deployment", "state", "announcers", "since", "liveness timeout"],

@@ -20,8 +20,19 @@ from neli_orchestrate.observe import LeaderSpell, MemberStatus, RoleStatus, coll
 __all__ = ["LeaderSpell", "MemberStatus", "RoleStatus", "collect_status", "status"]
 
 
+#: What `status` fits in, a terminal's usual width (wider cells fold).
+WIDTH = 120
+#: Short cells that read badly broken; the role and member names fold instead.
+WHOLE = ("state", "protocol", "since (UTC)", "heartbeat", "session", "lag")
+
+
 def _age(value: float | None) -> str:
     return "" if value is None else f"{value:.1f} s ago"
+
+
+def _utc(epoch: float | None) -> str:
+    """``2026-11-27 20:58:35`` (UTC, the column says so), '' for None."""
+    return when(epoch)[:19].replace("T", " ")
 
 
 @click.command()
@@ -51,20 +62,24 @@ def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) 
         click.echo(f"no role groups in namespace {target.namespace!r} at "
                    f"{target.bootstrap_servers}")
         return 0
+    # Fits 120 columns: the group is '<namespace>.<role>' (in --json), the leading member's id
+    # is in the members table (marked), times are UTC to the second.
     table(f"namespace {target.namespace}: {len(found)} role(s)",
-          ["role", "group", "state", "protocol", "members", "leader", "deployment",
-           "since", "heartbeat", "session", "lag"],
-          [(s.role, s.group, s.state, s.protocol, len(s.members), s.leader_member or "-",
-            s.leader_deployment or ("-" if s.leader_member is None else "unknown"),
-            when(s.leader_since), _age(s.leader_heartbeat_age),
-            (f"{s.session_timeout_ms} ms ({s.session_source})" if s.session_timeout_ms
+          ["role", "state", "protocol", "members", "leader", "since (UTC)", "heartbeat",
+           "session", "lag"],
+          [(s.role, s.state, s.protocol, len(s.members),
+            s.leader_deployment or (s.leader_member or "-"), _utc(s.leader_since),
+            _age(s.leader_heartbeat_age),
+            (f"{s.session_timeout_ms / 1000:g} s ({s.session_source})" if s.session_timeout_ms
              else s.session_source), "" if s.lag is None else s.lag)
-           for s in found])
-    rows = [(s.role, m.neli_member or m.client_id, m.host,
-             ",".join(map(str, m.partitions)) or "-", _age(m.heartbeat_age))
+           for s in found], width=WIDTH, whole=WHOLE)
+    rows = [(s.role, (m.neli_member or m.client_id)
+             + (" (leader)" if m.neli_member and m.neli_member == s.leader_member else ""),
+             m.host, ",".join(map(str, m.partitions)) or "-", _age(m.heartbeat_age))
             for s in found for m in s.members]
     if rows:
-        table("members", ["role", "member", "host", "partitions", "last heartbeat"], rows)
+        table("members", ["role", "member", "host", "partitions", "last heartbeat"], rows,
+              width=WIDTH, whole=("last heartbeat",))
     for s in found:
         for note in s.notes:
             click.echo(f"{s.role}: {note}")

@@ -51,6 +51,7 @@ def test_status_names_the_member_and_deployment_that_lead_from_its_heartbeats(
         assert hourly["lag"] is not None and hourly["lag"] >= 0
         table = cli("status", "-b", kafka_broker, "-n", namespace, "--role", "hourly")
         assert "eu-west-1" in table.stdout and str(seen["member"]) in table.stdout
+        assert max(len(line) for line in table.stdout.splitlines()) <= 120, table.stdout
     finally:
         release.set()
         thread.join(60)
@@ -146,3 +147,17 @@ def test_help_texts_speak_the_command_line_not_python() -> None:
                     ["kafka", "start"]):
         out = cli(*command, "--help")
         assert out.code == 0 and "None" not in out.stdout, (command, out.stdout)
+
+
+def test_status_tables_fold_long_cells_to_fit_120_columns(capsys) -> None:
+    from neli_orchestrate.cli._output import table
+    from neli_orchestrate.cli.status import WHOLE, WIDTH
+
+    role = "nycflights_daily/" + "backfill-" * 8 + "2013-01-03"
+    table("roles", ["role", "state", "protocol", "members", "leader", "since (UTC)",
+                    "heartbeat", "session", "lag"],
+          [(role, "stable", "consumer", 2, "us-east-1", "2026-11-27 20:58:35", "0.4 s ago",
+            "10 s (group config)", 0)], width=WIDTH, whole=WHOLE)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 120, lines
+    assert "2026-11-27 20:58:35" in "\n".join(lines)  # short cells stay whole
