@@ -21,7 +21,6 @@ import click
 
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.observe import group_prefix, role_of_group
 from neli_orchestrate.settings import (
     ClusterSettings,
     NeliSettings,
@@ -31,8 +30,7 @@ from neli_orchestrate.settings import (
     parse,
 )
 
-__all__ = ["SettingOption", "Target", "connection_options", "group_prefix", "namespace_names",
-           "role_of_group", "setting_option"]
+__all__ = ["SettingOption", "Target", "connection_options", "namespace_names", "setting_option"]
 
 #: librdkafka's own log lines go through this logger (``-v`` shows them).
 librdkafka_log = logging.getLogger("neli_orchestrate.cli.librdkafka")

@@ -19,19 +19,14 @@ from typing import Any
 import click
 from rich.text import Text
 
-from neli_orchestrate.cli._context import (
-    Target,
-    connection_options,
-    group_prefix,
-    setting_option,
-)
+from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
 from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.observe import broker_config, describe_config
+from neli_orchestrate.observe import broker_config, describe_config, group_prefix
 
-__all__ = ["Finding", "broker_config", "broker_release", "describe_config", "diagnose", "doctor"]
+__all__ = ["Finding", "broker_release", "diagnose", "doctor"]
 
 OK, WARNING, ERROR = "ok", "warning", "error"
 

@@ -15,9 +15,9 @@ from neli_orchestrate.cli._context import Target, connection_options, setting_op
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, table, when
 from neli_orchestrate.cli.liveness import collect_liveness, liveness_json, print_liveness
 from neli_orchestrate.errors import KafkaUnavailableError
-from neli_orchestrate.observe import LeaderSpell, MemberStatus, RoleStatus, collect_status
+from neli_orchestrate.observe import collect_status
 
-__all__ = ["LeaderSpell", "MemberStatus", "RoleStatus", "collect_status", "status"]
+__all__ = ["status"]
 
 
 #: What `status` fits in, a terminal's usual width (wider cells fold).
