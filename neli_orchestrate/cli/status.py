@@ -32,7 +32,8 @@ def _age(value: float | None) -> str:
                 help="timing profile the deployments use (how fresh a leader's heartbeat must be)")
 @json_option
 def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) -> int:
-    """Per role: members, who leads (from heartbeats), group protocol, session, lag."""
+    """Per role: members, who leads (from heartbeats), group protocol, session, lag, and how
+    its latest run ended (e.g. skipped by the task in us-east-1)."""
     try:
         with progress(f"describing namespace {target.namespace} at {target.bootstrap_servers}"):
             found = collect_status(target, list(roles), profile=profile)
@@ -65,6 +66,10 @@ def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) 
             for s in found for m in s.members]
     if rows:
         table("members", ["role", "member", "host", "partitions", "last heartbeat"], rows)
+    runs = [(s.role, s.last_run) for s in found if s.last_run]
+    if runs:
+        # "run K: skipped by the task in us-east-1 (...)" says why no region has its data
+        table("latest run", ["role", "run"], runs)
     for s in found:
         for note in s.notes:
             click.echo(f"{s.role}: {note}")

@@ -375,6 +375,7 @@ def _end_as_the_gate_would(
     )
     from neli_orchestrate.airflow.claims import record_to_dict
     from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY
+    from neli_orchestrate.decision import skipped_by_work
     from neli_orchestrate.ledger.record import RunState
 
     record = skipped.record
@@ -383,6 +384,20 @@ def _end_as_the_gate_would(
         raise AirflowSkipException(str(skipped)) from skipped
     ti = context["ti"]
     role = str(claim.role or getattr(gate, "role", ""))
+    if skipped_by_work(record):
+        # The work skipped itself in the region that took the run over: it produced nothing,
+        # so this try is a skip too, with no asset event by proxy (as there).
+        done = record_to_dict(record) or {}
+        done["skipped"], done["skipped_by_task"] = [], True
+        url = gate.region_url(record, run_key=claim.run_key, child=task.task_id)
+        if url:
+            done["url"] = url
+        ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=done)
+        raise AirflowSkipException(
+            f"run {claim.run_key!r} of role {role!r} was skipped by the task in deployment "
+            f"{record.deployment!r} (token {record.token}) after an earlier try here: "
+            f"{record.reason}; this try did not run the work and emits no asset event by proxy"
+            f"{': ' + url if url else ''}") from skipped
     proxied: list[Any] = []
     if getattr(gate, "proxy_asset_events", True):
         assets, refused = concrete_outlets(task)
