@@ -90,6 +90,11 @@ class FakeSingleton:
         #: what an earlier token left running (the claim's inherited ``unstopped``)
         self.unstopped: tuple[str, ...] = ()
         self.stopped: list[str] = []
+        #: what the ledger answers the next writes naming an application (then it takes them);
+        #: ``naming_fails_for_good``: it never takes one
+        self.naming_errors: list[Exception] = []
+        self.naming_fails_for_good = False
+        self.naming_attempts = 0
 
     def execute(self, role, run_key, token, work, *, on_fence=None):
         self.calls.append((role, run_key, token))
@@ -98,7 +103,7 @@ class FakeSingleton:
         self.applications: list[str] = []
         run = SimpleNamespace(token=self.run_token or token, reason="re-claimed", role=role,
                               expect_retry=lambda seconds: None, unstopped=self.unstopped,
-                              record_application=self.applications.append,
+                              record_application=self._record_application,
                               record_stopped=self.stopped.append)
 
         def fence(reason: str) -> None:
@@ -112,6 +117,14 @@ class FakeSingleton:
             if self.fenced is not None:  # as Singleton does: a fenced run raises FencedError
                 raise FencedError(f"fenced: {self.fenced}", role=role, token=token) from exc
             raise
+
+    def _record_application(self, application: str) -> None:
+        self.naming_attempts += 1
+        if self.naming_fails_for_good:
+            raise RuntimeError("the ledger's transaction timed out")
+        if self.naming_errors:
+            raise self.naming_errors.pop(0)
+        self.applications.append(application)
 
     def close(self) -> None:
         pass
@@ -884,3 +897,67 @@ def test_an_earlier_tokens_driver_on_another_cluster_is_left_to_the_sink(fake,
     assert submitted == ["submitted"] and fake.stopped == []
     assert [w for w in warnings if "this try cannot stop it (this task's Spark connection "
             "submits to spark://127.0.0.1:7077)" in w], warnings
+
+
+DRIVER = "driver-20130107000000-0002"
+NAMED = f"standalone application {DRIVER} on spark://127.0.0.1:7077"
+
+
+def a_cluster_job_until_killed(monkeypatch: pytest.MonkeyPatch, fake: FakeSingleton
+                               ) -> tuple[Any, list[str]]:
+    """A stock SparkSubmitOperator in cluster mode whose driver runs until the ledger names it
+    (then the job ends) or the try kills it (the master then reports it KILLED)."""
+    events: list[str] = []
+    killed = threading.Event()
+
+    def submit_job(self: Any, ctx: Any) -> str:
+        self._hook = self._get_hook()
+        self._hook._driver_id = DRIVER  # what the provider parses from spark-submit
+        events.append("submitted")
+        return DRIVER
+
+    def poll(self: Any, external_id: str, ctx: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not fake.applications and not killed.is_set():
+            assert time.monotonic() < deadline, "the driver was neither named nor killed"
+            time.sleep(0.02)
+        events.append("finished")
+
+    def on_kill(self: Any) -> None:
+        events.append("killed")
+        killed.set()
+
+    monkeypatch.setattr(SparkSubmitOperator, "submit_job", submit_job)
+    monkeypatch.setattr(SparkSubmitOperator, "poll_until_complete", poll)
+    monkeypatch.setattr(SparkSubmitOperator, "on_kill", on_kill)
+    monkeypatch.setattr(SparkSubmitOperator, "get_job_status",
+                        lambda self, external_id, ctx: "KILLED" if killed.is_set() else "RUNNING")
+    return stock_spark_on_a_cluster(monkeypatch), events
+
+
+def test_naming_the_driver_is_retried_with_backoff_until_the_ledger_takes_it(
+        fake, monkeypatch) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    # two transient refusals (a broker hiccup, a coordinator moving), then the ledger takes it
+    fake.naming_errors = [KafkaException(KafkaError(KafkaError._TIMED_OUT)),
+                          KafkaException(KafkaError(KafkaError._TRANSPORT))]
+    task, events = a_cluster_job_until_killed(monkeypatch, fake)
+    task.execute(runner_context(task))
+    assert fake.applications == [NAMED]  # named once, after the third write
+    assert fake.naming_attempts == 3
+    assert events == ["submitted", "finished"]  # never killed: it ran named
+
+
+def test_a_driver_the_ledger_never_names_is_stopped_and_the_try_fails(fake, monkeypatch) -> None:
+    monkeypatch.setenv("NELI_SPARK_NAMING_TIMEOUT", "1.5")
+    fake.naming_fails_for_good = True
+    task, events = a_cluster_job_until_killed(monkeypatch, fake)
+    started = time.monotonic()
+    with pytest.raises(AirflowException, match="could not name .*within 1.5 s") as raised:
+        task.execute(runner_context(task))
+    assert not isinstance(raised.value, AirflowFailException)  # retryable: a retry decides again
+    assert time.monotonic() - started < 20
+    assert fake.applications == []
+    assert fake.naming_attempts >= 3  # retried with backoff before giving up
+    assert events[:2] == ["submitted", "killed"]  # stopped rather than run unnamed
