@@ -961,3 +961,109 @@ def test_a_driver_the_ledger_never_names_is_stopped_and_the_try_fails(fake, monk
     assert fake.applications == []
     assert fake.naming_attempts >= 3  # retried with backoff before giving up
     assert events[:2] == ["submitted", "killed"]  # stopped rather than run unnamed
+
+
+A_TRY_THAT_DIES = """
+import logging, sys, time
+from types import SimpleNamespace
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
+from neli_orchestrate.airflow.operators.fenced import _ApplicationWatcher
+
+bootstrap, namespace, ready = sys.argv[1:4]
+logging.basicConfig(level=logging.INFO)
+
+
+class RefusedOnce:
+    \"\"\"The run, but the ledger refuses the first write that names the driver.\"\"\"
+
+    def __init__(self, run):
+        self.run, self.refused = run, False
+        self.token = run.token
+
+    def record_application(self, text):
+        if not self.refused:
+            self.refused = True
+            raise RuntimeError("injected: the ledger's transaction timed out")
+        self.run.record_application(text)
+
+
+singleton = Singleton(SingletonConfig(
+    neli=NeliConfig(bootstrap_servers=bootstrap, profile="fast", session_timeout=3,
+                    heartbeat_timeout=1),
+    namespace=namespace, deployment="us-east-1", acquire_timeout=60, handoff_timeout=3))
+with singleton.claim("cluster_job", "2013-01-08") as run:
+    assert run.should_run, run
+    hook = SparkSubmitHook(conn_id="spark_cluster")
+    hook._driver_id = "driver-20130108000000-0001"  # what the provider parses from spark-submit
+    watcher = _ApplicationWatcher(SimpleNamespace(_hook=hook, log=logging.getLogger("try")),
+                                  RefusedOnce(run), timeout=30)
+    open(ready, "w").write(str(run.token))
+    time.sleep(600)  # the driver runs on the cluster; this try is killed meanwhile
+"""
+
+
+@pytest.mark.kafka
+def test_after_one_refused_write_the_driver_is_still_named_and_a_successor_inherits_it(
+    warm_broker: str, tmp_path: Any
+) -> None:
+    """The issue's case against the real ledger: one injected ledger write failure while naming
+    the cluster-mode driver, then the try dies (SIGKILL). The successor's claim must inherit
+    the driver to stop it (with the try-once watcher it inherited nothing)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
+
+    namespace = f"name{uuid.uuid4().hex[:8]}"
+    ready = tmp_path / "ready"
+    env = {**os.environ, "AIRFLOW_CONN_SPARK_CLUSTER": json.dumps(
+        {"conn_type": "spark", "host": "spark://127.0.0.1:7077",
+         "extra": {"deploy-mode": "cluster"}})}
+    config = SingletonConfig(
+        neli=NeliConfig(bootstrap_servers=warm_broker, profile="fast", session_timeout=3,
+                        heartbeat_timeout=1),
+        namespace=namespace, deployment="eu-west-1", acquire_timeout=60, handoff_timeout=3)
+    named = "standalone application driver-20130108000000-0001 on spark://127.0.0.1:7077"
+    log = tmp_path / "try.log"
+    with open(log, "wb") as out:
+        doomed = subprocess.Popen([sys.executable, "-c", A_TRY_THAT_DIES, warm_broker,
+                                   namespace, str(ready)], env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    try:
+        with Singleton(config) as successor:
+            deadline = time.monotonic() + 120
+            while not ready.exists():
+                assert doomed.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            # the watcher's retry comes 0.25 s after the refusal: give it (and a broken,
+            # try-once watcher) 10 s, then the try dies
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                record = successor.status("cluster_job", "2013-01-08")
+                if record is not None and record.application:
+                    break
+                time.sleep(0.2)
+        doomed.kill()
+        doomed.wait(30)
+        with Singleton(config) as successor:
+            deadline = time.monotonic() + 60
+            while True:
+                with successor.claim("cluster_job", "2013-01-08") as run:
+                    if run.should_run:
+                        inherited = run.unstopped
+                        break
+                assert time.monotonic() < deadline, run
+                time.sleep(0.3)
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(30)
+    assert inherited == (named,), log.read_text()[-3000:]
+    assert "injected: the ledger's transaction timed out" in log.read_text()  # it was refused
