@@ -41,13 +41,28 @@ def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) 
         raise fail(str(exc)) from None
     if as_json:
         try:
-            deployments: Any = liveness_json(collect_liveness(target))
+            deployments: Any = [
+                {**d, "announcer_up": d["state"] == "ALIVE"}  # what neli.liveness_announcer_up says
+                for d in liveness_json(collect_liveness(target))]
         except KafkaUnavailableError as exc:
             deployments = {"error": str(exc)}
         emit({"namespace": target.namespace, "leader_topic": target.names.leader_topic,
               "roles": [asdict(s) for s in found], "deployments": deployments})
         return 0
-    print_liveness(target)
+    try:
+        liveness = collect_liveness(target)
+    except KafkaUnavailableError as exc:
+        click.echo(f"deployment liveness: not readable ({exc})")
+        liveness = None
+    if liveness is not None:
+        print_liveness(target, liveness)
+        for d in liveness:
+            if d.state.value == "GONE":
+                click.echo(
+                    f"deployment {d.deployment}: no liveness announcer runs: the deployment is "
+                    "down, or its announcer cannot run (Airflow: the scheduler logs an error "
+                    "each minute and reports neli.liveness_announcer_up = 0); other regions "
+                    "take its claims over")
     if not found:
         click.echo(f"no role groups in namespace {target.namespace!r} at "
                    f"{target.bootstrap_servers}")
