@@ -33,11 +33,12 @@ from neli_orchestrate.settings import ClusterSettings
 
 if TYPE_CHECKING:
     from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory
+    from neli_orchestrate.ledger.record import LedgerRecord
 
 __all__ = ["LeaderSpell", "MemberStatus", "Overview", "RoleOverview", "RoleStatus",
            "broker_config", "collect_overview", "collect_status", "describe_config",
-           "entry_data", "group_prefix", "iso_time", "role_of_group", "unstopped_note",
-           "unstopped_notes"]
+           "entry_data", "group_prefix", "iso_time", "latest_runs", "outcome_phrase",
+           "role_of_group", "unstopped_note", "unstopped_notes"]
 
 #: Ledger rows an overview keeps per role (newest first).
 LEDGER_ROWS = 50
@@ -146,6 +147,9 @@ class RoleStatus:
     #: Who led the role, oldest first, from the heartbeats in the leader topic's tail of the
     #: members known to belong to the role (its group's members and its ledger records).
     timeline: list[LeaderSpell] = field(default_factory=list)
+    #: The role's most recent run in the ledger: ``"run K: <outcome_phrase> (token t, at T)"``,
+    #: e.g. ``run '2013-01-05': skipped by the task in us-east-1 (token 4, at ...)``.
+    last_run: str | None = None
 
 
 def _ck() -> Any:
@@ -289,6 +293,38 @@ def unstopped_notes(history: LedgerHistory | None) -> dict[str, list[str]]:
     return notes
 
 
+#: How each state reads after "run K: ".
+_STATE_PHRASES = {"CLAIMED": "claimed by", "RUNNING": "running in", "COMPLETED": "completed in",
+                  "FAILED": "failed in", "RESET": "reset by"}
+
+
+def outcome_phrase(record: LedgerRecord) -> str:
+    """How a run key stands, in the words every front door uses: ``"completed in us-east-1"``,
+    ``"skipped by the task in us-east-1"`` (a ``COMPLETED`` record whose work skipped itself:
+    it produced nothing, so no region emits asset events or materializations by proxy for it),
+    ``"failed in eu-west-1"``, ``"running in ..."``, ``"claimed by ..."``, ``"reset by ..."``."""
+    from neli_orchestrate.decision import SKIPPED_BY_TASK, skipped_by_work
+
+    if skipped_by_work(record):
+        return f"{SKIPPED_BY_TASK} in {record.deployment}"
+    state = str(record.state.value)
+    return f"{_STATE_PHRASES.get(state, state.lower())} {record.deployment}"
+
+
+def latest_runs(history: LedgerHistory | None) -> dict[str, str]:
+    """{role: "run K: <outcome_phrase> (token t, at T)"} of each role's most recent record."""
+    newest: dict[str, LedgerRecord] = {}
+    for entry in history.entries if history is not None else ():
+        record = entry.record
+        if record is None or entry.role is None:
+            continue
+        known = newest.get(entry.role)
+        if known is None or record.at >= known.at:
+            newest[entry.role] = record
+    return {role: (f"run {r.run_key!r}: {outcome_phrase(r)} (token {r.token}, at "
+                   f"{iso_time(r.at)})") for role, r in newest.items()}
+
+
 def _group_session(admin: Any, target: ClusterSettings, group: str,
                    broker: dict[str, str]) -> tuple[int | None, int | None, str]:
     settings = describe_config(admin, "GROUP", group, target.connect_timeout) or {}
@@ -341,6 +377,7 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
     history = _read_ledger(target, list(groups), history)
     deployments = _ledger_members(history)
     unstopped = unstopped_notes(history)
+    last_runs = latest_runs(history)
     broker = broker_config(admin, target.connect_timeout) or {}
     wall = time.time() if now is None else now
 
@@ -387,6 +424,7 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
         if not st.members:
             st.notes.append("no members: no deployment is leading or waiting for this role")
         st.notes += unstopped.get(role, [])
+        st.last_run = last_runs.get(role)
         if protocol == "consumer":
             st.session_timeout_ms, st.heartbeat_interval_ms, st.session_source = _group_session(
                 admin, target, group, broker)

@@ -60,3 +60,19 @@ def test_the_dagster_resource_reads_through_the_read_model(monkeypatch) -> None:
     assert (deployment, roles, run_key) == ("eu-1", ["daily"], "2013-01-05")
     assert cluster.names.ledger_topic == "acme.ledger"
     assert cluster.client_config() == {"bootstrap.servers": "kafka:9092", "client.rack": "az1"}
+
+
+def test_outcome_phrase_says_where_a_run_was_skipped_by_its_task() -> None:
+    from dataclasses import replace
+
+    from neli_orchestrate.decision import skipped_reason
+    from neli_orchestrate.ledger.record import LedgerRecord, RunState
+    from neli_orchestrate.observe import outcome_phrase
+
+    done = LedgerRecord(role="daily", run_key="2013-01-02", state=RunState.COMPLETED, token=4,
+                        deployment="us-east-1", member="m#1", attempt=1, at=1.0)
+    assert outcome_phrase(done) == "completed in us-east-1"
+    skipped = replace(done, reason=skipped_reason("exit code 99"))
+    assert outcome_phrase(skipped) == "skipped by the task in us-east-1"
+    failed = replace(done, state=RunState.FAILED, reason="skipped by the task? no: boom")
+    assert outcome_phrase(failed) == "failed in us-east-1"

@@ -32,11 +32,20 @@ names the one that called it. A task process also calls ``on_starting`` (with a
 
 The child (``python -m neli_orchestrate.airflow.liveness``) reads the connection (it may not
 exist yet: the harness and many deployments create it after the scheduler starts), retrying
-with backoff (1 s doubling to 30 s, each failure logged), then replaces itself (``exec``) by
-the plain announcer ``python -m neli_orchestrate.liveness`` without Airflow in memory. It exits
-when the scheduler is gone (its parent pid checked twice a second, also while retrying), so a
-``kill -9`` of the scheduler is seen as a death after ``liveness_timeout`` like any other;
-``before_stopping`` stops it (SIGTERM). All its logging goes to the scheduler's stderr.
+with backoff (1 s doubling to 30 s, each failure logged), then **supervises** the plain
+announcer ``python -m neli_orchestrate.liveness`` (its own child, without Airflow in memory):
+an announcer that dies while the scheduler lives is started again, with backoff (1 s doubling
+to 30 s; back to 1 s once one ran for a minute). While no announcer runs, other regions read
+the deployment as GONE and take its claims over (safe, but wasted work), so the supervisor
+logs an ERROR at once and then each minute, and sets Airflow's gauge
+``neli.liveness_announcer_up`` (:data:`~neli_orchestrate.airflow.metrics.LIVENESS_ANNOUNCER_UP`,
+tags ``deployment`` and ``component``) to 0; 1 while it runs (sent every 10 s and on each
+change). The supervisor keeps Airflow's ``Stats`` in memory for that gauge (about 100 MB); the
+announcer does not. It exits when the scheduler is gone (its parent pid checked twice a
+second, also while retrying), stopping the announcer first, so a ``kill -9`` of the scheduler
+is seen as a death after ``liveness_timeout`` like any other (the announcer also exits when the
+supervisor is gone); ``before_stopping`` stops it (SIGTERM). All its logging goes to the
+scheduler's stderr.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -192,17 +201,149 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not _wait_parent(delay, args.parent_pid):
                 return 0
             delay = min(delay * 2, 30.0)
-    from neli_orchestrate.liveness import ANNOUNCER_ENV
+    log.info("NELI liveness: the %s announces deployment %r in group %r (supervisor pid %d, "
+             "timeout %g s)", args.component, config.deployment, config.group, os.getpid(),
+             config.timeout)
+    import signal
 
-    log.info("NELI liveness: the %s announces deployment %r in group %r (pid %d, timeout %g s)",
-             args.component, config.deployment, config.group, os.getpid(), config.timeout)
-    env = {**os.environ, ANNOUNCER_ENV: config.to_json()}  # no secrets on a command line
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    # The announcer without Airflow in memory (~100 MB less); same pid, same parent.
-    os.execve(sys.executable, [sys.executable, "-m", "neli_orchestrate.liveness", "--from-env",
-                               "--parent-pid", str(args.parent_pid)], env)
-    return 1  # not reached
+    supervisor = AnnouncerSupervisor(config, parent=args.parent_pid)
+    signal.signal(signal.SIGTERM, lambda *_: supervisor.stop())
+    signal.signal(signal.SIGINT, lambda *_: supervisor.stop())
+    supervisor.run()
+    return 0
+
+
+class AnnouncerSupervisor:
+    """Keep the liveness announcer (a child process) running while ``parent`` lives.
+
+    ``start()`` starts an announcer (default: :func:`neli_orchestrate.liveness.spawn_announcer`,
+    which exits when this process is gone), ``gauge(value)`` reports whether one runs (default:
+    Airflow's ``Stats`` gauge :data:`~neli_orchestrate.airflow.metrics.LIVENESS_ANNOUNCER_UP`).
+    The clock and the pause are injectable for deterministic tests.
+    """
+
+    #: Pause before the first restart, doubled after each quick death, up to MAX_BACKOFF.
+    FIRST_BACKOFF = 1.0
+    MAX_BACKOFF = 30.0
+    #: An announcer that ran this long resets the backoff.
+    HEALTHY_AFTER = 60.0
+    #: While no announcer runs, an ERROR this often.
+    ERROR_EVERY = 60.0
+    #: The gauge is sent again this often (StatsD gauges are not kept by every backend).
+    GAUGE_EVERY = 10.0
+    POLL = 0.5
+
+    def __init__(self, config: Any, *, parent: int,
+                 start: Callable[[], Any] | None = None,
+                 gauge: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 parent_alive: Callable[[], bool] | None = None) -> None:
+        self.config = config
+        self.parent = parent
+        self._start = start or self._spawn
+        self._gauge = gauge or self._airflow_gauge
+        self.clock = clock
+        self.sleep = sleep
+        self.parent_alive = parent_alive or (lambda: os.getppid() == parent)
+        self.stopping = False
+        #: Announcers started so far (the first included) and restarts after a death.
+        self.starts = 0
+        self.restarts = 0
+        self.child: Any = None
+        self._stats_ready = False
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def run(self) -> None:
+        backoff = self.FIRST_BACKOFF
+        next_start = self.clock()
+        started_at = 0.0
+        last_error: float | None = None
+        last_gauge: tuple[float, float] | None = None  # (time, value)
+        down_since: float | None = None
+        why = "not started yet"
+        try:
+            while not self.stopping and self.parent_alive():
+                now = self.clock()
+                if self.child is not None and self.child.poll() is not None:
+                    code, ran = self.child.returncode, now - started_at
+                    self.child = None
+                    next_start = now + backoff
+                    why = f"exited with code {code} after {ran:.1f} s"
+                    log.warning("NELI liveness: the announcer of deployment %r %s; starting it "
+                                "again in %.0f s", self.config.deployment, why, backoff)
+                    backoff = min(backoff * 2, self.MAX_BACKOFF)
+                    down_since = now if down_since is None else down_since
+                elif self.child is not None and now - started_at >= self.HEALTHY_AFTER:
+                    # it runs: the next death starts from the first pause and errors at once
+                    backoff, down_since, last_error = self.FIRST_BACKOFF, None, None
+                if self.child is None and now >= next_start:
+                    try:
+                        self.child = self._start()
+                    except Exception as exc:  # noqa: BLE001 - no python, no fork: try again
+                        why = f"could not be started: {exc}"
+                        next_start = now + backoff
+                        backoff = min(backoff * 2, self.MAX_BACKOFF)
+                        down_since = now if down_since is None else down_since
+                    else:
+                        started_at = now
+                        self.starts += 1
+                        if self.starts > 1:
+                            self.restarts += 1
+                            log.info("NELI liveness: announcer of deployment %r started again "
+                                     "(pid %s, restart %d)", self.config.deployment,
+                                     getattr(self.child, "pid", "?"), self.restarts)
+                up = 1.0 if self.child is not None else 0.0
+                if not up and down_since is not None and (
+                        last_error is None or now - last_error >= self.ERROR_EVERY):
+                    last_error = now
+                    log.error(
+                        "NELI liveness: no announcer runs for deployment %r (last: %s; down "
+                        "since %.0f s, %d restarts): other regions read it as GONE and take its "
+                        "claims over. Check Kafka from the scheduler's host and the connection "
+                        "(neli.liveness_announcer_up = 0)",
+                        self.config.deployment, why, now - down_since, self.restarts)
+                if last_gauge is None or last_gauge[1] != up or \
+                        now - last_gauge[0] >= self.GAUGE_EVERY:
+                    self._send(up)
+                    last_gauge = (now, up)
+                self.sleep(self.POLL)
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        child, self.child = self.child, None
+        if child is not None and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(10)
+        self._send(0.0)
+
+    def _send(self, value: float) -> None:
+        try:
+            self._gauge(value)
+        except Exception:  # noqa: BLE001 - a metrics backend never stops the announcer
+            log.warning("NELI liveness: could not send %s", "neli.liveness_announcer_up",
+                        exc_info=True)
+
+    def _spawn(self) -> Any:
+        from neli_orchestrate.liveness import spawn_announcer
+
+        return spawn_announcer(self.config)
+
+    def _airflow_gauge(self, value: float) -> None:
+        from neli_orchestrate.airflow.metrics import LIVENESS_ANNOUNCER_UP, gauge, init_stats
+
+        if not self._stats_ready:
+            init_stats()
+            self._stats_ready = True
+        gauge(LIVENESS_ANNOUNCER_UP, value, {"deployment": self.config.deployment,
+                                             "component": self.config.component})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ to it, so NELI's numbers land wherever the deployment already sends ``ti.finish`
 ``neli.fence``, ``neli.leader_acquired``, ``neli.leader_lost``, ``neli.wait``,
 ``neli.give_up``, ``neli.spark_unconfirmed_kill``) and the timer ``neli.time_to_lead``; tags
 ``role``, ``deployment`` and ``outcome`` (where the backend takes tags). With metrics off in
-``[metrics]``, nothing is sent.
+``[metrics]``, nothing is sent. The scheduler's liveness supervisor
+(:mod:`neli_orchestrate.airflow.liveness`) sends the gauge :data:`LIVENESS_ANNOUNCER_UP`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from neli_orchestrate.metrics import MetricEvent
 
 #: Prefix of every metric this provider sends.
 PREFIX = "neli"
+
+#: Gauge, 1 while the deployment's liveness announcer runs, 0 while it cannot (tags
+#: ``deployment``, ``component``). A contract: dashboards and alerts use this name.
+LIVENESS_ANNOUNCER_UP = f"{PREFIX}.liveness_announcer_up"
 
 
 def stat_name(event: MetricEvent) -> str:
@@ -32,3 +37,23 @@ def to_airflow_stats(event: MetricEvent) -> None:
         stats.timing(stat_name(event), datetime.timedelta(seconds=event.value), tags=event.tags)
     else:
         stats.incr(stat_name(event), tags=event.tags)
+
+
+def gauge(name: str, value: float, tags: dict[str, str]) -> None:
+    """Set a gauge in Airflow's ``Stats`` (a process outside a task initialises them first:
+    :func:`init_stats`)."""
+    from airflow.sdk.observability import stats
+
+    stats.gauge(name, value, tags=tags)
+
+
+def init_stats() -> None:
+    """Initialise Airflow's ``Stats`` from ``[metrics]`` in a process Airflow did not start as a
+    task (the task runner does this itself)."""
+    from airflow.configuration import conf
+    from airflow.sdk.observability import stats
+    from airflow.sdk.observability.metrics import stats_utils
+
+    stats.initialize(factory=stats_utils.get_stats_factory(),
+                     export_legacy_names=conf.getboolean("metrics", "legacy_names_on",
+                                                         fallback=False))

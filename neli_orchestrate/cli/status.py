@@ -43,7 +43,8 @@ def _utc(epoch: float | None) -> str:
                 help="timing profile the deployments use (how fresh a leader's heartbeat must be)")
 @json_option
 def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) -> int:
-    """Per role: members, who leads (from heartbeats), group protocol, session, lag."""
+    """Per role: members, who leads (from heartbeats), group protocol, session, lag, and how
+    its latest run ended (e.g. skipped by the task in us-east-1)."""
     try:
         with progress(f"describing namespace {target.namespace} at {target.bootstrap_servers}"):
             found = collect_status(target, list(roles), profile=profile)
@@ -51,13 +52,27 @@ def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) 
         raise fail(str(exc)) from None
     if as_json:
         try:
-            deployments: Any = liveness_json(collect_liveness(target))
+            deployments: Any = [
+                {**d, "announcer_up": d["state"] == "ALIVE"}  # what neli.liveness_announcer_up says
+                for d in liveness_json(collect_liveness(target))]
         except KafkaUnavailableError as exc:
             deployments = {"error": str(exc)}
         emit({"namespace": target.namespace, "leader_topic": target.names.leader_topic,
               "roles": [asdict(s) for s in found], "deployments": deployments})
         return 0
-    print_liveness(target)
+    try:
+        liveness = collect_liveness(target)
+    except KafkaUnavailableError as exc:
+        click.echo(f"deployment liveness: not readable ({exc})")
+        liveness = None
+    if liveness is not None:
+        print_liveness(target, liveness)
+        for d in liveness:
+            if d.state.value == "GONE":
+                click.echo(
+                    f"deployment {d.deployment}: no liveness announcer runs, so other regions take"
+                    " its claims over.\n  It is down, or its announcer cannot run (Airflow: the"
+                    " scheduler logs an error each minute, neli.liveness_announcer_up = 0).")
     if not found:
         click.echo(f"no role groups in namespace {target.namespace!r} at "
                    f"{target.bootstrap_servers}")
@@ -80,6 +95,10 @@ def status(target: Target, roles: tuple[str, ...], profile: str, as_json: bool) 
     if rows:
         table("members", ["role", "member", "host", "partitions", "last heartbeat"], rows,
               width=WIDTH, whole=("last heartbeat",))
+    runs = [(s.role, s.last_run) for s in found if s.last_run]
+    if runs:
+        # "run K: skipped by the task in us-east-1 (...)" says why no region has its data
+        table("latest run", ["role", "run"], runs, width=WIDTH)
     for s in found:
         for note in s.notes:
             click.echo(f"{s.role}: {note}")

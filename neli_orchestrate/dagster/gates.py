@@ -19,8 +19,9 @@ from typing import Any
 
 import dagster as dg
 
-from neli_orchestrate.dagster.resource import NeliResource, _describe, _record_skip
+from neli_orchestrate.dagster.resource import NeliResource, _describe, _record_skip, _where
 from neli_orchestrate.dagster.run import NeliRun, default_run_key
+from neli_orchestrate.decision import skipped_by_work
 from neli_orchestrate.errors import ConfigError
 
 GATE_OUTPUT = "claimed"
@@ -101,6 +102,7 @@ def leader_gate_op(
         context.log.info(
             f"neli gate: skipping downstream of {role!r} / {key!r} in deployment "
             f"{neli.deployment!r}: {reservation.outcome} — {_describe(reservation.record)}"
+            + (f" ({_where(reservation.record)})" if skipped_by_work(reservation.record) else "")
         )
 
     return _gate
@@ -178,7 +180,11 @@ def singleton_asset(
             key = run_key(context) if callable(run_key) else run_key
             with neli.singleton(context, role=name, run_key=key) as run:
                 if not run.should_run:
-                    if materialize_by_proxy:
+                    if run.skipped_by_task:
+                        # The work skipped itself where it ran: nothing to materialize; an
+                        # observation says so and the downstream assets are skipped, as there.
+                        _record_skip(context, run, materialize=False)
+                    elif materialize_by_proxy:
                         # Catalog sees the data here too; downstream steps of this run execute.
                         yield run.materialize_by_proxy()
                     else:

@@ -63,6 +63,13 @@ def _describe(record: LedgerRecord | None) -> str:
     return "no ledger record" if record is None else record.describe()
 
 
+def _where(record: LedgerRecord | None) -> str:
+    """``"skipped by the task in us-east-1"``, ``"completed in ..."``: how the run key stands."""
+    from neli_orchestrate.observe import outcome_phrase
+
+    return "no ledger record" if record is None else outcome_phrase(record)
+
+
 class NeliResource(dg.ConfigurableResource):
     """Run an op or asset in exactly one of several Dagster deployments, led through Kafka.
 
@@ -228,11 +235,14 @@ class NeliResource(dg.ConfigurableResource):
                     log.info(
                         f"neli: skipping {role!r} / {run_key!r} in deployment "
                         f"{self.deployment!r}: {run.outcome}, {_describe(run.record)}"
+                        + (f" ({_where(run.record)}: nothing is materialized by proxy)"
+                           if run.skipped_by_task else "")
                     )
                 yield run
                 if not run.should_run and not run.skip_recorded:
-                    # The block returned without run.materialize_by_proxy(): record it anyway.
-                    _record_skip(context, run)
+                    # The block returned without run.materialize_by_proxy(): record it anyway
+                    # (an observation where the work skipped itself: it produced nothing).
+                    _record_skip(context, run, materialize=not run.skipped_by_task)
         except (FencedError, StaleTokenError) as exc:
             # Superseded: a newer token owns the run (the ledger or a token-checked sink said
             # so). Retrying here could only fail again, so the step fails for good.

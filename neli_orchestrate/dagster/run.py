@@ -107,6 +107,16 @@ class NeliRun:
         return self._run.should_run
 
     @property
+    def skipped_by_task(self) -> bool:
+        """True where the run is not to run here because its work skipped itself wherever it
+        ran (``WorkSkipped``: ``COMPLETED``, "skipped by the task"). It produced nothing, so
+        nothing is materialized by proxy for it: :meth:`materialize_by_proxy` refuses, and
+        ``singleton_asset`` and the ``singleton`` block record an observation instead."""
+        from neli_orchestrate.decision import skipped_by_work
+
+        return not self.should_run and skipped_by_work(self.record)
+
+    @property
     def fenced(self) -> bool:
         """True once the watchdog reported that this member lost the role."""
         return self._fenced.is_set() or self._run.fenced
@@ -155,6 +165,9 @@ class NeliRun:
             metadata["deployment"] = record.deployment
             metadata["token"] = record.token
             metadata["completed_at"] = dg.MetadataValue.timestamp(record.at)
+        if self.skipped_by_task and record is not None:
+            metadata["neli_skipped_by_task"] = True
+            metadata["reason"] = record.reason
         if self.run_url:
             metadata["ran_in_url"] = dg.MetadataValue.url(self.run_url)
         return metadata
@@ -177,6 +190,14 @@ class NeliRun:
             raise ConfigError(
                 f"materialize_by_proxy() is for a run completed elsewhere; run key "
                 f"{self.run_key!r} of role {self.role!r} executes here (outcome {self.outcome})"
+            )
+        if self.skipped_by_task:
+            record = self.record
+            raise ConfigError(
+                f"run key {self.run_key!r} of role {self.role!r} was skipped by the task in "
+                f"deployment {getattr(record, 'deployment', '?')!r}: it produced nothing, so "
+                "there is nothing to materialize by proxy. Check run.skipped_by_task first and "
+                "return without output (the singleton block then records an observation)"
             )
         self.skip_recorded = True
         return dg.MaterializeResult(metadata=self.proxy_metadata)

@@ -13,6 +13,7 @@ Then, in this region ("us-east-1"):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import textwrap
@@ -24,6 +25,8 @@ import pytest
 
 from integration.regions.regions import AirflowRegion, RegionConfig, neli_connection
 from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.decision import skipped_by_work
+from neli_orchestrate.errors import WorkSkipped
 from neli_orchestrate.ledger.record import RunState
 
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka]
@@ -60,7 +63,13 @@ with DAG("proxy_consumer", schedule=[Asset("proxy_table")],
 """
 
 
-def seed_completed_elsewhere(connection: dict[str, Any], claim_now: Any) -> Any:
+def skip_itself(run: Any) -> None:
+    """Work that finds nothing to do: COMPLETED, "skipped by the task" (e.g. exit code 99)."""
+    raise WorkSkipped("exit code 99: nothing to do today")
+
+
+def seed_completed_elsewhere(connection: dict[str, Any], claim_now: Any,
+                             work: Any = lambda run: None) -> Any:
     """The other region runs the date to COMPLETED through the real ledger."""
     from airflow.sdk import Connection
 
@@ -72,7 +81,8 @@ def seed_completed_elsewhere(connection: dict[str, Any], claim_now: Any) -> Any:
     )
     with NeliHook("other", connection=conn).get_singleton() as other:
         reservation = claim_now(other, ROLE, RUN_KEY)
-        other.execute(ROLE, RUN_KEY, reservation.token, lambda run: None)
+        with contextlib.suppress(WorkSkipped):  # recorded COMPLETED, then raised again
+            other.execute(ROLE, RUN_KEY, reservation.token, work)
         done = other.status(ROLE, RUN_KEY)
     assert (done.state, done.deployment) == (RunState.COMPLETED, OTHER)
     return done
@@ -198,6 +208,40 @@ def test_proxy_asset_events_off_the_region_records_no_event(
     assert consumer_queued(region) == 0
 
 
+@pytest.mark.timeout(600)
+def test_a_run_whose_work_skipped_itself_elsewhere_is_a_skip_here_with_no_event_by_proxy(
+    warm_broker: str, tmp_path: Path, claim_now: Any
+) -> None:
+    namespace = f"proxy{uuid.uuid4().hex[:8]}"
+    done = seed_completed_elsewhere(connection_for(warm_broker, OTHER, namespace), claim_now,
+                                    work=skip_itself)
+    assert skipped_by_work(done), done
+    region = region_with(tmp_path, warm_broker, namespace, gate_args="",
+                         region_urls={OTHER: OTHER_UI})
+
+    output = run_producer(region)
+
+    assert states(region) == {
+        "claim_run": "success",
+        "job": "skipped",  # the singleton: its work skipped itself in the other region
+        "cleanup": "skipped",
+        "per_region": "success",  # none_failed: runs in every region
+    }
+    # The work produced nothing there, so nothing is emitted here: no asset event by proxy,
+    # and the DAG scheduled on the asset is not queued (the region that ran it queues none).
+    assert asset_events(region) == []
+    assert consumer_queued(region) == 0
+    assert f"already skipped by the task in deployment '{OTHER}'" in output, output[-5000:]
+    assert "without asset events by proxy" in output, output[-5000:]
+    # what the "Ran in region" extra link and the gate's log say
+    recorded = xcom(region, "claim_run", "neli_done")
+    assert (recorded["deployment"], recorded["token"], recorded["skipped_by_task"]) == (
+        OTHER, done.token, True)
+    assert recorded["reason"].startswith("skipped by the task")
+    assert f"Skipped by the task in deployment '{OTHER}' with token {done.token}: " \
+        f"{OTHER_UI}/neli/ran?" in output, output[-5000:]
+
+
 # The take-over case: this region's gate claimed the date, its job's first try failed, and the
 # other region took the run over and completed it before the retry. The job's retry waits (in
 # pre_execute, before the fenced execution) until the other region has completed the run.
@@ -240,7 +284,8 @@ OTHER_UI = "http://airflow.eu-west-1.invalid:8080"
 
 
 def take_over_when_failed_here(connection: dict[str, Any], claim_now: Any, flag: Path,
-                               errors: list[BaseException]) -> None:
+                               errors: list[BaseException],
+                               work: Any = lambda run: None) -> None:
     """The other region: once this region's first try FAILED, take the run over, complete it,
     and let this region's retry go on (``flag``)."""
     import time
@@ -260,7 +305,8 @@ def take_over_when_failed_here(connection: dict[str, Any], claim_now: Any, flag:
                 time.sleep(0.3)
             assert record.deployment == HERE, record
             reservation = claim_now(other, ROLE, RUN_KEY)  # after this region's retry window
-            other.execute(ROLE, RUN_KEY, reservation.token, lambda run: None)
+            with contextlib.suppress(WorkSkipped):
+                other.execute(ROLE, RUN_KEY, reservation.token, work)
         flag.write_text(str(reservation.token))
     except BaseException as exc:  # noqa: BLE001 - reported by the test
         errors.append(exc)
@@ -324,6 +370,40 @@ def test_a_retry_that_finds_the_run_taken_over_and_completed_elsewhere_emits_by_
     done = xcom(region, "job", "neli_done")
     assert (done["deployment"], done["token"], done["skipped"]) == (OTHER, token, ["cleanup"])
     assert done["url"].startswith(f"{OTHER_UI}/neli/ran?") and f"token={token}" in done["url"]
+
+
+@pytest.mark.timeout(600)
+def test_a_retry_that_finds_the_run_taken_over_and_skipped_by_the_task_is_a_skip_too(
+    warm_broker: str, tmp_path: Path, claim_now: Any
+) -> None:
+    import threading
+
+    namespace = f"proxy{uuid.uuid4().hex[:8]}"
+    work, flag = tmp_path / "work.log", tmp_path / "taken_over"
+    producer = RETRY_PRODUCER.format(work=str(work), taken_over=str(flag))
+    region = region_with(tmp_path, warm_broker, namespace, gate_args="", producer=producer,
+                         handoff_timeout=3, region_urls={OTHER: OTHER_UI})
+    errors: list[BaseException] = []
+    other = threading.Thread(target=take_over_when_failed_here, daemon=True, args=(
+        connection_for(warm_broker, OTHER, namespace, handoff_timeout=3), claim_now, flag,
+        errors, skip_itself))
+    other.start()
+
+    output = run_producer(region)
+    other.join(60)
+
+    assert not errors, errors
+    token = int(flag.read_text())
+    assert work.read_text().split() == ["1"], output[-5000:]  # the retry ran no work
+    assert asset_events(region) == []  # no event by proxy of a run that produced nothing
+    assert consumer_queued(region) == 0
+    assert states(region)["job"] == "skipped", (states(region), output[-5000:])
+    assert states(region)["per_region"] == "success"
+    assert (f"was skipped by the task in deployment '{OTHER}' (token {token}) after an earlier "
+            "try here") in output, output[-5000:]
+    done = xcom(region, "job", "neli_done")
+    assert (done["deployment"], done["token"], done["skipped_by_task"]) == (OTHER, token, True)
+    assert done["url"].startswith(f"{OTHER_UI}/neli/ran?")
 
 
 # Two gates' first events by proxy through the same alias, in the same instant, as the API

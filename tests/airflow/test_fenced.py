@@ -90,6 +90,11 @@ class FakeSingleton:
         #: what an earlier token left running (the claim's inherited ``unstopped``)
         self.unstopped: tuple[str, ...] = ()
         self.stopped: list[str] = []
+        #: what the ledger answers the next writes naming an application (then it takes them);
+        #: ``naming_fails_for_good``: it never takes one
+        self.naming_errors: list[Exception] = []
+        self.naming_fails_for_good = False
+        self.naming_attempts = 0
 
     def execute(self, role, run_key, token, work, *, on_fence=None):
         self.calls.append((role, run_key, token))
@@ -98,7 +103,7 @@ class FakeSingleton:
         self.applications: list[str] = []
         run = SimpleNamespace(token=self.run_token or token, reason="re-claimed", role=role,
                               expect_retry=lambda seconds: None, unstopped=self.unstopped,
-                              record_application=self.applications.append,
+                              record_application=self._record_application,
                               record_stopped=self.stopped.append)
 
         def fence(reason: str) -> None:
@@ -112,6 +117,14 @@ class FakeSingleton:
             if self.fenced is not None:  # as Singleton does: a fenced run raises FencedError
                 raise FencedError(f"fenced: {self.fenced}", role=role, token=token) from exc
             raise
+
+    def _record_application(self, application: str) -> None:
+        self.naming_attempts += 1
+        if self.naming_fails_for_good:
+            raise RuntimeError("the ledger's transaction timed out")
+        if self.naming_errors:
+            raise self.naming_errors.pop(0)
+        self.applications.append(application)
 
     def close(self) -> None:
         pass
@@ -884,3 +897,173 @@ def test_an_earlier_tokens_driver_on_another_cluster_is_left_to_the_sink(fake,
     assert submitted == ["submitted"] and fake.stopped == []
     assert [w for w in warnings if "this try cannot stop it (this task's Spark connection "
             "submits to spark://127.0.0.1:7077)" in w], warnings
+
+
+DRIVER = "driver-20130107000000-0002"
+NAMED = f"standalone application {DRIVER} on spark://127.0.0.1:7077"
+
+
+def a_cluster_job_until_killed(monkeypatch: pytest.MonkeyPatch, fake: FakeSingleton
+                               ) -> tuple[Any, list[str]]:
+    """A stock SparkSubmitOperator in cluster mode whose driver runs until the ledger names it
+    (then the job ends) or the try kills it (the master then reports it KILLED)."""
+    events: list[str] = []
+    killed = threading.Event()
+
+    def submit_job(self: Any, ctx: Any) -> str:
+        self._hook = self._get_hook()
+        self._hook._driver_id = DRIVER  # what the provider parses from spark-submit
+        events.append("submitted")
+        return DRIVER
+
+    def poll(self: Any, external_id: str, ctx: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not fake.applications and not killed.is_set():
+            assert time.monotonic() < deadline, "the driver was neither named nor killed"
+            time.sleep(0.02)
+        events.append("finished")
+
+    def on_kill(self: Any) -> None:
+        events.append("killed")
+        killed.set()
+
+    monkeypatch.setattr(SparkSubmitOperator, "submit_job", submit_job)
+    monkeypatch.setattr(SparkSubmitOperator, "poll_until_complete", poll)
+    monkeypatch.setattr(SparkSubmitOperator, "on_kill", on_kill)
+    monkeypatch.setattr(SparkSubmitOperator, "get_job_status",
+                        lambda self, external_id, ctx: "KILLED" if killed.is_set() else "RUNNING")
+    return stock_spark_on_a_cluster(monkeypatch), events
+
+
+def test_naming_the_driver_is_retried_with_backoff_until_the_ledger_takes_it(
+        fake, monkeypatch) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    # two transient refusals (a broker hiccup, a coordinator moving), then the ledger takes it
+    fake.naming_errors = [KafkaException(KafkaError(KafkaError._TIMED_OUT)),
+                          KafkaException(KafkaError(KafkaError._TRANSPORT))]
+    task, events = a_cluster_job_until_killed(monkeypatch, fake)
+    task.execute(runner_context(task))
+    assert fake.applications == [NAMED]  # named once, after the third write
+    assert fake.naming_attempts == 3
+    assert events == ["submitted", "finished"]  # never killed: it ran named
+
+
+def test_a_driver_the_ledger_never_names_is_stopped_and_the_try_fails(fake, monkeypatch) -> None:
+    monkeypatch.setenv("NELI_SPARK_NAMING_TIMEOUT", "1.5")
+    fake.naming_fails_for_good = True
+    task, events = a_cluster_job_until_killed(monkeypatch, fake)
+    started = time.monotonic()
+    with pytest.raises(AirflowException, match="could not name .*within 1.5 s") as raised:
+        task.execute(runner_context(task))
+    assert not isinstance(raised.value, AirflowFailException)  # retryable: a retry decides again
+    assert time.monotonic() - started < 20
+    assert fake.applications == []
+    assert fake.naming_attempts >= 3  # retried with backoff before giving up
+    assert events[:2] == ["submitted", "killed"]  # stopped rather than run unnamed
+
+
+A_TRY_THAT_DIES = """
+import logging, sys, time
+from types import SimpleNamespace
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
+from neli_orchestrate.airflow.operators.fenced import _ApplicationWatcher
+
+bootstrap, namespace, ready = sys.argv[1:4]
+logging.basicConfig(level=logging.INFO)
+
+
+class RefusedOnce:
+    \"\"\"The run, but the ledger refuses the first write that names the driver.\"\"\"
+
+    def __init__(self, run):
+        self.run, self.refused = run, False
+        self.token = run.token
+
+    def record_application(self, text):
+        if not self.refused:
+            self.refused = True
+            raise RuntimeError("injected: the ledger's transaction timed out")
+        self.run.record_application(text)
+
+
+singleton = Singleton(SingletonConfig(
+    neli=NeliConfig(bootstrap_servers=bootstrap, profile="fast", session_timeout=3,
+                    heartbeat_timeout=1),
+    namespace=namespace, deployment="us-east-1", acquire_timeout=60, handoff_timeout=3))
+with singleton.claim("cluster_job", "2013-01-08") as run:
+    assert run.should_run, run
+    hook = SparkSubmitHook(conn_id="spark_cluster")
+    hook._driver_id = "driver-20130108000000-0001"  # what the provider parses from spark-submit
+    watcher = _ApplicationWatcher(SimpleNamespace(_hook=hook, log=logging.getLogger("try")),
+                                  RefusedOnce(run), timeout=30)
+    open(ready, "w").write(str(run.token))
+    time.sleep(600)  # the driver runs on the cluster; this try is killed meanwhile
+"""
+
+
+@pytest.mark.kafka
+def test_after_one_refused_write_the_driver_is_still_named_and_a_successor_inherits_it(
+    warm_broker: str, tmp_path: Any
+) -> None:
+    """The issue's case against the real ledger: one injected ledger write failure while naming
+    the cluster-mode driver, then the try dies (SIGKILL). The successor's claim must inherit
+    the driver to stop it (with the try-once watcher it inherited nothing)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from neli_orchestrate import NeliConfig, Singleton, SingletonConfig
+
+    namespace = f"name{uuid.uuid4().hex[:8]}"
+    ready = tmp_path / "ready"
+    env = {**os.environ, "AIRFLOW_CONN_SPARK_CLUSTER": json.dumps(
+        {"conn_type": "spark", "host": "spark://127.0.0.1:7077",
+         "extra": {"deploy-mode": "cluster"}})}
+    config = SingletonConfig(
+        neli=NeliConfig(bootstrap_servers=warm_broker, profile="fast", session_timeout=3,
+                        heartbeat_timeout=1),
+        namespace=namespace, deployment="eu-west-1", acquire_timeout=60, handoff_timeout=3)
+    named = "standalone application driver-20130108000000-0001 on spark://127.0.0.1:7077"
+    log = tmp_path / "try.log"
+    with open(log, "wb") as out:
+        doomed = subprocess.Popen([sys.executable, "-c", A_TRY_THAT_DIES, warm_broker,
+                                   namespace, str(ready)], env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    try:
+        with Singleton(config) as successor:
+            deadline = time.monotonic() + 120
+            while not ready.exists():
+                assert doomed.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            # the watcher's retry comes 0.25 s after the refusal: give it (and a broken,
+            # try-once watcher) 10 s, then the try dies
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                record = successor.status("cluster_job", "2013-01-08")
+                if record is not None and record.application:
+                    break
+                time.sleep(0.2)
+        doomed.kill()
+        doomed.wait(30)
+        with Singleton(config) as successor:
+            deadline = time.monotonic() + 60
+            while True:
+                with successor.claim("cluster_job", "2013-01-08") as run:
+                    if run.should_run:
+                        inherited = run.unstopped
+                        break
+                assert time.monotonic() < deadline, run
+                time.sleep(0.3)
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(30)
+    assert inherited == (named,), log.read_text()[-3000:]
+    assert "injected: the ledger's transaction timed out" in log.read_text()  # it was refused

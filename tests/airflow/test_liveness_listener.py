@@ -47,6 +47,33 @@ def wait_for(condition: Callable[[], bool], deadline_s: float, what: str,
         time.sleep(0.1)
 
 
+class StatsdListener:
+    """A UDP socket standing in for the StatsD server of Airflow's ``[metrics]``."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+
+    def read(self) -> list[str]:
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return self.lines
+            self.lines += data.decode(errors="replace").splitlines()
+
+
+def gauges(statsd: StatsdListener) -> list[int]:
+    """The values of ``neli.liveness_announcer_up`` received so far, in order."""
+    return [int(float(line.split(":", 1)[1].split("|", 1)[0])) for line in statsd.read()
+            if line.split(":", 1)[0].endswith("neli.liveness_announcer_up")]
+
+
 def test_the_scheduler_keeps_its_deployment_alive_and_a_killed_one_is_gone_after_the_timeout(
     kafka_broker, kafka_admin, tmp_path: Path
 ) -> None:
@@ -70,6 +97,10 @@ def test_the_scheduler_keeps_its_deployment_alive_and_a_killed_one_is_gone_after
     env.pop("AIRFLOW_CONN_NELI_DEFAULT", None)
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    statsd = StatsdListener()
+    env.update({"AIRFLOW__METRICS__STATSD_ON": "True",
+                "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port)})
     log = tmp_path / "scheduler.log"
     with open(log, "wb") as out:
         scheduler = subprocess.Popen([sys.executable, "-m", "airflow", "scheduler"], env=env,
@@ -95,6 +126,31 @@ def test_the_scheduler_keeps_its_deployment_alive_and_a_killed_one_is_gone_after
         announcers = [p for p in psutil.Process(scheduler.pid).children(recursive=True)
                       if "neli_orchestrate.liveness" in " ".join(p.cmdline())]
         assert len(announcers) == 1
+        wait_for(lambda: gauges(statsd) and gauges(statsd)[-1] == 1, 60,
+                 "neli.liveness_announcer_up = 1 sent to StatsD", scheduler, log)
+
+        # The announcer dies while the scheduler lives: the supervisor starts it again, says
+        # so in the scheduler's log, and the gauge goes 0, then 1 again.
+        first = announcers[0]
+        first.kill()
+        first.wait(10)
+        wait_for(lambda: "no announcer runs for deployment 'eu-west-1'" in log.read_text(), 30,
+                 "an ERROR about the dead announcer", scheduler, log)
+
+        def restarted() -> list[psutil.Process]:
+            return [p for p in psutil.Process(scheduler.pid).children(recursive=True)
+                    if "neli_orchestrate.liveness" in " ".join(p.cmdline())
+                    and p.pid != first.pid]
+
+        wait_for(lambda: len(restarted()) == 1, 30, "the announcer started again", scheduler,
+                 log)
+        announcers = restarted()
+        wait_for(lambda: reader.read("eu-west-1").state is Liveness.ALIVE
+                 and reader.read("eu-west-1").members == 1, 60,
+                 "the deployment alive through the new announcer", scheduler, log)
+        assert "started again" in log.read_text()
+        wait_for(lambda: gauges(statsd)[-1:] == [1] and 0 in gauges(statsd), 30,
+                 "the gauge 0 while it was dead, then 1", scheduler, log)
     finally:
         # its processes now: after the crash init adopts them, and they are no child of ours
         try:
@@ -170,11 +226,14 @@ def test_on_starting_in_the_scheduler_starts_no_thread_only_a_child_that_announc
         reader = LivenessReader(kafka_admin, ns)
         wait_for(lambda: reader.read("us-east-1").state is Liveness.ALIVE, 60,
                  "the child's announcement")
-        # the child replaced itself by the plain announcer (no Airflow in memory), same pid
-        assert "neli_orchestrate.liveness" in " ".join(psutil.Process(child.pid).cmdline())
+        # the child supervises the plain announcer (no Airflow in memory), its own child
+        [announcer] = [p for p in psutil.Process(child.pid).children()
+                       if "neli_orchestrate.liveness" in " ".join(p.cmdline())]
     finally:
         manager.hook.before_stopping(component=job)
     assert child.poll() is not None and listener._children == []
+    gone, alive = psutil.wait_procs([announcer], timeout=10)  # stopped with its supervisor
+    assert not alive, alive
 
 
 def test_no_announcer_for_a_task_a_job_outside_the_cli_or_when_turned_off(
@@ -208,3 +267,65 @@ def test_no_announcer_for_a_task_a_job_outside_the_cli_or_when_turned_off(
         scheduler_command._run_scheduler_job(
             argparse.Namespace(num_runs=-1, only_idle=False, skip_serve_logs=True))
     assert listener._children == []
+
+
+class _Child:
+    """A stand-in announcer process: alive until ``dies_at`` on the fake clock."""
+
+    def __init__(self, clock: list[float], lives: float) -> None:
+        self.clock, self.dies_at, self.returncode = clock, clock[0] + lives, None
+        self.pid = 4242
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.clock[0] >= self.dies_at:
+            self.returncode = 1
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.returncode = -15
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.returncode
+
+
+def test_an_announcer_that_cannot_run_is_restarted_with_backoff_an_error_each_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Deterministic (fake clock): every announcer dies at once (Kafka refuses it, say). The
+    supervisor starts it again with backoff 1, 2, 4, ... 30 s, logs an ERROR at once and then
+    once a minute, and the gauge says 0 while none runs."""
+    import logging
+
+    from neli_orchestrate.airflow.liveness import AnnouncerSupervisor
+    from neli_orchestrate.liveness import AnnouncerConfig
+
+    clock = [0.0]
+    starts: list[float] = []
+    sent: list[tuple[float, float]] = []
+    config = AnnouncerConfig(bootstrap_servers="127.0.0.1:9", namespace="acme",
+                             deployment="us-east-1", component="scheduler")
+
+    def start() -> _Child:
+        starts.append(clock[0])
+        return _Child(clock, lives=0.2)
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    supervisor = AnnouncerSupervisor(
+        config, parent=1, start=start, gauge=lambda v: sent.append((clock[0], v)),
+        clock=lambda: clock[0], sleep=sleep, parent_alive=lambda: clock[0] < 300)
+    with caplog.at_level(logging.WARNING, logger="neli_orchestrate.airflow.liveness"):
+        supervisor.run()
+    pauses = [int(r.getMessage().split("again in ")[1].split(" s")[0]) for r in caplog.records
+              if "starting it again in" in r.getMessage()]
+    assert pauses[:7] == [1, 2, 4, 8, 16, 30, 30], pauses
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert all(pause <= gap <= pause + 1 for pause, gap in zip(pauses, gaps, strict=False)), gaps
+    errors = [r for r in caplog.records if "no announcer runs" in r.getMessage()]
+    times = [float(r.getMessage().split("down since ")[1].split(" s")[0]) for r in errors]
+    assert len(errors) == 5, [r.getMessage() for r in errors]  # at once, then every minute
+    assert all("us-east-1" in r.getMessage() for r in errors)
+    assert times == [0, 60, 120, 180, 240], times
+    assert sent[-1][1] == 0.0  # stopped: 0
+    assert {v for _, v in sent} == {0.0, 1.0}

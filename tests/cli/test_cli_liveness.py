@@ -46,4 +46,11 @@ def test_status_lists_deployments_alive_and_gone_with_since_and_not_as_roles(
         assert time.monotonic() < deadline, states
         time.sleep(0.2)
     assert states["eu-west-1"] == "ALIVE"
+    # whether each deployment's announcer runs (Airflow: neli.liveness_announcer_up)
+    up = {d["deployment"]: d["announcer_up"] for d in cli(
+        "status", "-b", kafka_broker, "-n", namespace, "--json").json()["deployments"]}
+    assert up == {"eu-west-1": True, "us-east-1": False}
+    table = " ".join(cli("status", "-b", kafka_broker, "-n", namespace).stdout.split())
+    assert "deployment us-east-1: no liveness announcer runs" in table, table
+    assert "deployment eu-west-1: no liveness announcer runs" not in table
     announcers[0].close()

@@ -60,6 +60,26 @@ def test_status_names_the_member_and_deployment_that_lead_from_its_heartbeats(
     assert hourly["members"] == [] and hourly["leader_member"] is None
 
 
+def test_status_says_a_run_whose_work_skipped_itself_was_skipped_by_the_task_there(
+        kafka_broker) -> None:
+    from neli_orchestrate.errors import WorkSkipped
+
+    namespace = new_namespace()
+    with singleton(kafka_broker, namespace, "us-east-1") as east:
+        with east.claim("daily", "2013-01-02") as run:
+            assert run.should_run
+            raise WorkSkipped("exit code 99: no flights")
+        done = east.status("daily", "2013-01-02")
+    assert done is not None
+    out = cli("status", "-b", kafka_broker, "-n", namespace, "--role", "daily", "--json")
+    assert out.code == 0, out.stderr
+    last = out.json()["roles"][0]["last_run"]
+    assert last.startswith(f"run '2013-01-02': skipped by the task in us-east-1 (token "
+                           f"{done.token}, at "), last
+    table = cli("status", "-b", kafka_broker, "-n", namespace, "--role", "daily")
+    assert "skipped by the task in us-east-1" in " ".join(table.stdout.split()), table.stdout
+
+
 def test_doctor_passes_on_the_plain_broker_having_tried_every_permission(kafka_broker) -> None:
     namespace = new_namespace()
     with singleton(kafka_broker, namespace, "us-east-1") as east, east.claim("daily", "d1"):

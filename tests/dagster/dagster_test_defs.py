@@ -23,6 +23,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from neli_orchestrate.dagster import NeliResource, NeliRun, leader_gate_op, singleton_asset
+from neli_orchestrate.errors import WorkSkipped
 
 DAYS = dg.DailyPartitionsDefinition(start_date="2013-01-01", end_date="2014-01-01")
 
@@ -229,10 +230,25 @@ def flaky_daily_report(context: dg.AssetExecutionContext, flaky_daily: int) -> s
     return f"{context.partition_key} computed with token {flaky_daily}"
 
 
+# -- a step whose work skips itself: COMPLETED "skipped by the task", nothing to materialize --
+
+
+@singleton_asset(partitions_def=DAYS)
+def skipping_daily(context: dg.AssetExecutionContext, run: NeliRun) -> int:
+    record_work(run)
+    raise WorkSkipped(f"no flights on {context.partition_key}: nothing to do")
+
+
+@dg.asset(partitions_def=DAYS)
+def skipping_daily_report(context: dg.AssetExecutionContext, skipping_daily: int) -> str:
+    return f"{context.partition_key} computed with token {skipping_daily}"
+
+
 # -- definitions and reconstructable job getters -------------------------------------------
 
 defs = dg.Definitions(
-    assets=[daily_counted, daily_counted_report, fenced_spark, flaky_daily, flaky_daily_report],
+    assets=[daily_counted, daily_counted_report, fenced_spark, flaky_daily, flaky_daily_report,
+            skipping_daily, skipping_daily_report],
     jobs=[
         gated_job,
         dg.define_asset_job(
@@ -241,6 +257,9 @@ defs = dg.Definitions(
         dg.define_asset_job("fenced_spark_job", selection=[fenced_spark], partitions_def=DAYS),
         dg.define_asset_job(
             "flaky_job", selection=[flaky_daily, flaky_daily_report], partitions_def=DAYS
+        ),
+        dg.define_asset_job(
+            "skipping_job", selection=[skipping_daily, skipping_daily_report], partitions_def=DAYS
         ),
     ],
     resources={
@@ -271,7 +290,12 @@ def get_flaky_job() -> dg.JobDefinition:
     return defs.resolve_job_def("flaky_job")
 
 
+def get_skipping_job() -> dg.JobDefinition:
+    return defs.resolve_job_def("skipping_job")
+
+
 JOB_GETTERS = {
+    "skipping_job": get_skipping_job,
     "flaky_job": get_flaky_job,
     "counted_job": get_counted_job,
     "gated_job": get_gated_job,

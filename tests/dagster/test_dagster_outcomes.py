@@ -285,6 +285,36 @@ def test_a_plain_singleton_block_that_returns_records_the_materialization_by_pro
     assert [e.step_key for e in _events(again, "STEP_SKIPPED")] == ["downstream"]
 
 
+def test_a_run_skipped_by_its_task_is_observed_not_materialized_by_proxy() -> None:
+    from neli_orchestrate.errors import WorkSkipped
+
+    @dg.asset(partitions_def=DAYS, output_required=False)
+    def daily(context: dg.AssetExecutionContext, neli: NeliResource):  # type: ignore[no-untyped-def]
+        with neli.singleton(context) as run:
+            if not run.should_run:
+                assert run.skipped_by_task
+                with pytest.raises(ConfigError, match="skipped by the task in deployment 'east'"):
+                    run.materialize_by_proxy()
+                return
+            raise WorkSkipped("no flights today")
+        return  # the skip ends the block: no output
+        yield  # a generator: the output is optional
+
+    first = _materialize(daily, neli(deployment="east"))
+    assert first.success and _events(first, "ASSET_MATERIALIZATION") == []
+    again = _materialize(daily, neli(deployment="west"))
+    assert again.success
+    assert _events(again, "ASSET_MATERIALIZATION") == []  # nothing by proxy: nothing was made
+    [observation] = [
+        e.asset_observation_data.asset_observation for e in _events(again, "ASSET_OBSERVATION")
+    ]
+    assert _values(observation.metadata).items() >= {
+        "deployment": "east", "recorded_by": "west", "neli_by_proxy": True,
+        "neli_skipped_by_task": True, "reason": "skipped by the task: no flights today"}.items()
+    assert [e.step_key for e in _events(again, "STEP_SKIPPED")] == ["downstream"]
+    assert any("skipped by the task in east" in m for m in _log_messages(again, logging.INFO))
+
+
 LAST_DAY = "2013-12-31"  # eager() considers the latest time partition only
 
 

@@ -281,3 +281,45 @@ def test_reset_with_the_cli_reruns_a_completed_partition_in_exactly_one_deployme
     assert records[2].reason == "late data, ticket DATA-1"
     assert executions[1][1] == records[3].token > records[2].token > executions[0][1]
     assert by_proxy["token"] == records[4].token and third["observations"] == []
+
+
+def test_a_partition_whose_work_skipped_itself_is_materialized_nowhere(
+    kafka_broker: str, tmp_path: Path
+) -> None:
+    """The work raised WorkSkipped in the deployment that ran it: COMPLETED "skipped by the
+    task". It produced nothing, so the other deployment materializes nothing by proxy (an
+    observation says where and why) and skips the downstream asset, as the runner did."""
+    namespace = unique_namespace()
+    partition = PARTITIONS[0]
+    results = {}
+    for name in ("east", "west"):  # east runs first; west comes once the run key is done
+        deployment = make_deployment(name, tmp_path, kafka_broker, namespace)
+        try:
+            deployment.start("skipping_job", "in_process", [partition])
+            results[name] = deployment.wait(RUN_TIMEOUT)["runs"][partition]
+        finally:
+            deployment.stop()
+
+    assert [(role, key, where) for role, key, where, _ in work_log(tmp_path)] == [
+        ("skipping_daily", partition, "east")]
+    [done] = [r for r in ledger_history(kafka_broker, f"{namespace}.ledger")
+              if r.role == "skipping_daily" and r.state == "COMPLETED"]
+    assert done.deployment == "east" and done.reason.startswith("skipped by the task")
+
+    for name, run in results.items():
+        assert run["success"], f"{name}: {run}"
+        # nothing materialized anywhere, by proxy or not; the downstream asset skipped
+        assert run["materialized"] == [], f"{name}: {run['materialized']}"
+        assert run["step_skipped"] == ["skipping_daily_report"], name
+    [observation] = results["west"]["observations"]
+    assert observation["partition"] == partition
+    assert observation["metadata"].items() >= {
+        "neli_by_proxy": True,
+        "neli_skipped_by_task": True,
+        "deployment": "east",
+        "token": done.token,
+        "recorded_by": "west",
+    }.items()
+    assert observation["metadata"]["reason"].startswith("skipped by the task")
+    assert any("skipped by the task in east" in message
+               for _, _, message in results["west"]["logs"]), results["west"]["logs"]

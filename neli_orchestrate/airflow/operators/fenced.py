@@ -113,6 +113,31 @@ def kill_confirm_timeout() -> float:
         ) from None
 
 
+#: Seconds a try keeps trying to name its cluster-mode driver in the ledger when the member's
+#: session timeout is unknown (environment ``NELI_SPARK_NAMING_TIMEOUT`` overrides).
+NAMING_TIMEOUT = 10.0
+
+
+def naming_timeout(hook: Any) -> float:
+    """How long a try may run a cluster-mode driver the ledger does not name yet.
+
+    ``$NELI_SPARK_NAMING_TIMEOUT`` if set, else the session timeout of the role's member (the
+    try's lease: should the try die, a successor may take the run over that long after, and it
+    must find the driver named to stop it), else :data:`NAMING_TIMEOUT`.
+    """
+    value = os.environ.get("NELI_SPARK_NAMING_TIMEOUT")
+    if value:
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(
+                f"NELI_SPARK_NAMING_TIMEOUT={value!r} is not a number of seconds") from None
+    try:
+        return float(hook.singleton_config().neli.resolved.session_timeout)
+    except Exception:  # noqa: BLE001 - a hook without NELI timing (a test double): the default
+        return NAMING_TIMEOUT
+
+
 #: Class attribute that marks LeaderGateOperator (found without importing it: no circle).
 GATE_MARKER = "neli_gate"
 
@@ -274,6 +299,7 @@ def run_fenced(
         ),
     )
     execution = _FencedExecution(task, claim, context, work, prepare)
+    execution.naming_timeout = naming_timeout(hook)
     try:
         with open_singleton(hook) as singleton:
             if hook.deployment != claim.deployment:
@@ -375,6 +401,7 @@ def _end_as_the_gate_would(
     )
     from neli_orchestrate.airflow.claims import record_to_dict
     from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY
+    from neli_orchestrate.decision import skipped_by_work
     from neli_orchestrate.ledger.record import RunState
 
     record = skipped.record
@@ -383,6 +410,20 @@ def _end_as_the_gate_would(
         raise AirflowSkipException(str(skipped)) from skipped
     ti = context["ti"]
     role = str(claim.role or getattr(gate, "role", ""))
+    if skipped_by_work(record):
+        # The work skipped itself in the region that took the run over: it produced nothing,
+        # so this try is a skip too, with no asset event by proxy (as there).
+        done = record_to_dict(record) or {}
+        done["skipped"], done["skipped_by_task"] = [], True
+        url = gate.region_url(record, run_key=claim.run_key, child=task.task_id)
+        if url:
+            done["url"] = url
+        ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=done)
+        raise AirflowSkipException(
+            f"run {claim.run_key!r} of role {role!r} was skipped by the task in deployment "
+            f"{record.deployment!r} (token {record.token}) after an earlier try here: "
+            f"{record.reason}; this try did not run the work and emits no asset event by proxy"
+            f"{': ' + url if url else ''}") from skipped
     proxied: list[Any] = []
     if getattr(gate, "proxy_asset_events", True):
         assets, refused = concrete_outlets(task)
@@ -441,6 +482,8 @@ class _FencedExecution:
         self.not_stopped: str | None = None
         #: The application that could not be confirmed stopped (``RemoteApplication`` text).
         self.unstopped: str | None = None
+        #: Seconds the try may run a cluster-mode driver the ledger does not name yet.
+        self.naming_timeout = NAMING_TIMEOUT
 
     def run(self, singleton: Any) -> Any:
         claim = self.claim
@@ -485,7 +528,8 @@ class _FencedExecution:
             if _is_spark_submit(task):
                 # Never beside an earlier token's driver that may still run on the cluster.
                 self._stop_earlier_applications(run)
-                watcher = _ApplicationWatcher(task, run)
+                watcher = _ApplicationWatcher(task, run, timeout=self.naming_timeout,
+                                              on_unnamed=self._on_fence)
             self.in_work = True
             with _environ(current.env()):
                 result = self.work()
@@ -727,14 +771,31 @@ class _ApplicationWatcher:
 
     In cluster deploy mode the driver runs on the cluster, not in this process tree: should
     this try die or be cut off, the ``RUNNING`` record's ``application`` lets the next claim's
-    try stop it before submitting its own (``Run.record_application``).
+    try stop it before submitting its own (``Run.record_application``). A write the ledger
+    refuses for a transient reason is tried again with backoff; if the driver is still unnamed
+    ``timeout`` seconds after it was seen (the try's lease: a successor could take the run over
+    by then and would find nothing to stop), ``on_unnamed(reason)`` stops the work (the
+    fence's path: ``on_kill``, the driver killed and confirmed stopped) and the try fails,
+    rather than let the driver run unnamed. A fence ends the naming: the run is stopped anyway.
     """
 
     INTERVAL = 0.25
+    #: First pause after a failed write, doubled after each, up to :attr:`MAX_BACKOFF`.
+    FIRST_BACKOFF = 0.25
+    MAX_BACKOFF = 2.0
 
-    def __init__(self, task: Any, run: Any) -> None:
+    def __init__(self, task: Any, run: Any, *, timeout: float = NAMING_TIMEOUT,
+                 on_unnamed: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.task = task
         self.run = run
+        self.timeout = timeout
+        self.on_unnamed = on_unnamed
+        self.clock = clock
+        #: The application once the ledger took it (None: not named).
+        self.named: str | None = None
+        #: Failed writes before it was named (or given up).
+        self.failures = 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, name="neli-application-watcher",
                                        daemon=True)
@@ -753,13 +814,44 @@ class _ApplicationWatcher:
                 continue  # the hook is being built
             if application is None:
                 continue
+            self._name(str(application))
+            return
+
+    def _name(self, application: str) -> None:
+        """Write the application into the ledger until it takes it, the work ends, or
+        :attr:`timeout` passes (then stop the work)."""
+        deadline = self.clock() + self.timeout
+        pause = self.FIRST_BACKOFF
+        while True:
             try:
-                self.run.record_application(str(application))
-            except Exception as exc:  # noqa: BLE001 - fenced or ended: nothing left to name
-                self.task.log.warning("could not name %s in the ledger: %s", application, exc)
-            else:
-                self.task.log.info("Named %s in the ledger (token %s)", application,
-                                   self.run.token)
+                self.run.record_application(application)
+            except FencedError as exc:
+                # a newer claim owns the run: the fence stops the work (and this driver)
+                self.task.log.warning("not naming %s in the ledger: %s", application, exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - the ledger's error: try again until the lease
+                self.failures += 1
+                left = deadline - self.clock()
+                if left <= 0:
+                    reason = (
+                        f"could not name {application} in the ledger within {self.timeout:g} s "
+                        f"({self.failures} attempts; last: {type(exc).__name__}: {exc}): "
+                        "stopping it rather than run a driver a successor could not find")
+                    self.task.log.error("%s", reason)
+                    if self.on_unnamed is not None and not self.stopped.is_set():
+                        self.on_unnamed(reason)
+                    return
+                wait = min(pause, left)
+                self.task.log.warning(
+                    "could not name %s in the ledger (attempt %d: %s: %s); trying again in "
+                    "%.2f s (%.1f s left before the try stops it)", application, self.failures,
+                    type(exc).__name__, exc, wait, left)
+                if self.stopped.wait(wait):
+                    return  # the work ended meanwhile: nothing left to name
+                pause = min(pause * 2, self.MAX_BACKOFF)
+                continue
+            self.named = application
+            self.task.log.info("Named %s in the ledger (token %s)", application, self.run.token)
             return
 
     def stop(self) -> None:

@@ -18,7 +18,8 @@ Every deployment runs the same DAG. For each run the gate asks the run ledger (t
   the child with ``trigger_rule="none_failed"`` runs in every region; with the default
   ``all_success`` Airflow skips it too). The skipped tasks' outlets receive an asset event
   here by proxy, whose ``extra["neli"]`` names the deployment that ran the run, its role, run
-  key and token (``proxy_asset_events=False`` turns that off).
+  key and token (``proxy_asset_events=False`` turns that off). A run whose work skipped
+  itself (``COMPLETED``, "skipped by the task") produced nothing: no event by proxy.
 - ``WAIT``: another deployment leads the role or holds a live claim. The gate keeps waiting
   (poke, reschedule or deferred), and never skips: a run nobody has completed must stay
   runnable here in case the other deployment dies.
@@ -311,6 +312,8 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
     def _skip_singleton(
         self, context: Context, record: Any, tasks: list[Any], here: str
     ) -> None:
+        from neli_orchestrate.decision import skipped_by_work
+
         ti = context["ti"]
         where = (
             f"deployment {record.deployment!r} at {format_epoch(record.at)} (token {record.token})"
@@ -318,29 +321,37 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
             else "another deployment"
         )
         skipped = [t.task_id for t in tasks]
+        # The work skipped itself where it ran: it produced nothing, so nothing is emitted
+        # here by proxy either (no asset event, no consumer DAG queued), as in that region.
+        by_task = skipped_by_work(record)
         self.log.info(
-            "Run %r of role %r already completed by %s; skipping the singleton %s here; tasks "
-            "after it run as their trigger rules say. To run it again: %s, then clear this gate "
-            "in one region",
+            "Run %r of role %r already %s %s; skipping the singleton %s here%s; tasks after it "
+            "run as their trigger rules say. To run it again: %s, then clear this gate in one "
+            "region",
             self.run_key,
             self.role,
+            "skipped by the task in" if by_task else "completed by",
             where,
             skipped,
+            " without asset events by proxy (the work produced nothing)" if by_task else "",
             reset_command(self.role, self.run_key or "RUN_KEY"),
         )
         done = record_to_dict(record)
         if done is not None:
             # what the "Ran in region" extra link and the NELI page read (plugins/leadership)
             done["skipped"] = skipped
+            done["skipped_by_task"] = by_task
             url = self.region_url(record, run_key=str(self.run_key),
                                   child=skipped[0] if skipped else None)
             if url:
                 done["url"] = url
                 self.log.info(
-                    "Ran in deployment %r with token %s: %s", record.deployment, record.token, url
+                    "%s deployment %r with token %s: %s",
+                    "Skipped by the task in" if by_task else "Ran in", record.deployment,
+                    record.token, url,
                 )
         ti.xcom_push(key=DONE_ELSEWHERE_XCOM_KEY, value=done)
-        if self.proxy_asset_events and record is not None:
+        if self.proxy_asset_events and record is not None and not by_task:
             self._emit_by_proxy(context, record, tasks, here)
         # Raises DownstreamTasksSkipped when there is anything to skip; the task runner then
         # records the gate's success with the outlet events added above.

@@ -408,6 +408,7 @@ def _timeline_html(st: RoleStatus, now: float) -> str:
 def _ran_in_html(data: Overview, urls: dict[str, str], dag_id: str | None) -> str:
     """Which deployment completed the run key, with its token, and a link to its run there."""
     from neli_orchestrate.airflow.assets import ran_url
+    from neli_orchestrate.decision import skipped_by_work
     from neli_orchestrate.ledger.record import RunState
 
     done = [e.record for e in data.run_history
@@ -423,6 +424,13 @@ def _ran_in_html(data: Overview, urls: dict[str, str], dag_id: str | None) -> st
                        dag_id=dag_id)
         link = (f' · <a id="ran-in-link" href="{_e(href)}">open the run in '
                 f'{_e(record.deployment)}\'s UI</a>')
+    if skipped_by_work(record):
+        # it produced nothing: no region has asset events of it, by proxy or not
+        return (f'<p id="ran-in" data-deployment="{_e(record.deployment)}" '
+                f'data-token="{_e(record.token)}" data-skipped-by-task="true">Skipped by the '
+                f'task in deployment <b>{_e(record.deployment)}</b> ({where}) with fencing '
+                f'token <b>{_e(record.token)}</b>, {_e(_when(record.at))}: '
+                f'{_e(record.reason)}{link}</p>')
     return (f'<p id="ran-in" data-deployment="{_e(record.deployment)}" '
             f'data-token="{_e(record.token)}">Ran in deployment <b>{_e(record.deployment)}</b> '
             f'({where}) with fencing token <b>{_e(record.token)}</b>, completed '
