@@ -41,6 +41,7 @@ from neli_orchestrate.ledger.record import (
     role_partition,
 )
 from neli_orchestrate.ledger.replay import Replay, ReplayBuilder
+from neli_orchestrate.ledger.transactions import find_open_transaction
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,9 @@ def _end_codes() -> frozenset[int]:
 CONFIRM_INTERVAL = 0.5
 #: Seconds between questions for an end offset while the partition has none (leader change).
 _END_RETRY = 0.1
+#: Seconds a replay's position may stand still below the end before it names the open
+#: transaction holding it back (once, as a warning).
+_STUCK_WARNING = 2.0
 
 
 def _kafka_error(exc: BaseException) -> Any:
@@ -597,6 +601,21 @@ class KafkaLedger:
             logger.debug("replay of %r starts at offset 0: %s", role, judgement.why)
         return builder, 0, end
 
+    def _open_transaction(self, partition: int) -> str:
+        """Name the open transaction holding ``partition``'s last stable offset back."""
+        def consumer(settings: dict[str, Any]) -> Any:
+            return _kafka().Consumer({**self._client_config(), **settings})
+
+        try:
+            found = find_open_transaction(self._admin, consumer, self.config.topic, partition,
+                                          self.config.prefix,
+                                          timeout=min(self.config.request_timeout, 5.0))
+        except (_kafka().KafkaException, concurrent.futures.TimeoutError) as exc:
+            return f"an open transaction holds the last stable offset (not named: {exc})"
+        if found is None:
+            return "the last stable offset is below the high watermark"
+        return found.describe(time.time())
+
     def _refresh_metadata(self) -> None:
         """Ask for the topic's metadata, so the next request goes to its current leader."""
         try:
@@ -615,6 +634,7 @@ class KafkaLedger:
         # auto.offset.reset=earliest covers records deleted from the log start.
         consumer.assign([ck.TopicPartition(self.config.topic, partition, start)])
         position = eof = -1
+        moved_at, named = self._monotonic(), False
         try:
             while True:
                 # consume() waits for a full batch or the timeout: keep the timeout short.
@@ -645,20 +665,28 @@ class KafkaLedger:
                 # The position moves past transaction markers too, so it reaches the high
                 # watermark once every transaction open at the start has ended. Before the
                 # first fetch it is a sentinel (-1001), below any end.
+                before = position
                 try:
                     position = max(consumer.position([tp])[0].offset, eof)
                 except ck.KafkaException as exc:
                     logger.debug("replay of %r: no position yet (%s)", role, exc)
                 if position >= high:
                     return position
-                if self._monotonic() > deadline:
+                now = self._monotonic()
+                if position != before:
+                    moved_at = now
+                elif not named and now - moved_at > _STUCK_WARNING:
+                    named = True   # say once who holds the replay back, instead of waiting silently
+                    logger.warning("replay of role %r waits: %s", role,
+                                   self._open_transaction(partition))
+                if now > deadline:
                     raise KafkaUnavailableError(
                         f"replay of role {role!r} stuck at offset"
                         f" {position if end_is_known(position) else start} of ledger"
                         f" partition {self.config.topic}[{partition}], below the high"
-                        f" watermark {high}: an open transaction holds the last stable"
-                        " offset (a writer that died mid-transaction blocks until a newer"
-                        " leader of its role fences it or transaction_timeout passes)"
+                        f" watermark {high}: {self._open_transaction(partition)}. A writer"
+                        " that died mid-transaction blocks until a newer leader of its role"
+                        " fences it or its transaction timeout passes"
                     )
         finally:
             consumer.unassign()
