@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,3 +178,35 @@ def test_deliberately_broken_a_replay_that_takes_minus_1001_as_the_end(
     # Without one: the replay reads nothing and issues token 0 over the issued tokens.
     blind_change.answers = [-1001]
     assert claim(blind, "2013-01-05").token == 0 < max(issued)
+
+
+def test_the_ledger_history_waits_through_invalid_end_offsets(
+    kafka_broker: str, ledgers: list[KafkaLedger], topic: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`neli-orchestrate ledger`/status read the whole history: -1001 is not "empty" there
+    either."""
+    from neli_orchestrate.ledger import history
+
+    ledger, _ = open_ledger(ledgers, kafka_broker, topic, replay_cache=False)
+    issued = claim(ledger, "2013-01-01").token
+    config = ledger.config
+    answers: list[int | BaseException] = [-1001, -1001]
+    ck = ledger_kafka._kafka()
+
+    def flaky(conf: dict[str, Any]) -> LeaderChange:
+        change = LeaderChange(ck.admin.AdminClient(conf))
+        change.answers = answers
+        return change
+
+    # history's view of confluent_kafka, with an admin client whose end answers are -1001
+    admin = types.SimpleNamespace(**vars(ck.admin))
+    admin.AdminClient = flaky
+    module = types.SimpleNamespace(**{k: getattr(ck, k) for k in dir(ck) if k[:2] != "__"})
+    module.admin = admin
+    monkeypatch.setattr(history, "_kafka", lambda: module)
+    read = history.read_history(config)
+    assert answers == []
+    assert [e.record.token for e in read.entries if e.record is not None] == [issued]
+    answers.extend([-1001] * 1000)
+    with pytest.raises(KafkaUnavailableError, match="answered no end offset"):
+        history.read_history(config, timeout=1.0)

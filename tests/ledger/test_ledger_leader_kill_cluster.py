@@ -173,6 +173,34 @@ def broken(monkeypatch: pytest.MonkeyPatch) -> bool:
     return True
 
 
+class EndAnswers(logging.Handler):
+    """Counts the replays' unknown end offsets (KafkaLedger._end_offset asking again), by kind."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.kinds: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "not known yet" not in record.msg:
+            return
+        answer = str(record.args[2]) if isinstance(record.args, tuple) else ""
+        kind = ("-1001" if "-1001" in answer else "no answer" if "no answer" in answer
+                else answer.split(":")[0][:60])
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+
+@pytest.fixture
+def end_answers() -> Iterator[EndAnswers]:
+    handler = EndAnswers()
+    logger = logging.getLogger("neli_orchestrate.ledger.kafka")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
 @pytest.fixture
 def cluster() -> Iterator[LocalKafkaCluster]:
     with LocalKafkaCluster(properties=DEFAULT_BROKER_SESSION) as started:
@@ -181,7 +209,7 @@ def cluster() -> Iterator[LocalKafkaCluster]:
 
 @pytest.mark.timeout(900)
 def test_tokens_strictly_increase_while_the_ledger_leader_is_killed(
-    cluster: LocalKafkaCluster, tmp_path: Path, broken: bool,
+    cluster: LocalKafkaCluster, tmp_path: Path, broken: bool, end_answers: EndAnswers,
 ) -> None:
     topic = f"ledger-{uuid.uuid4().hex[:8]}"
     shared, separate = Book("shared"), Book("separate")
@@ -234,6 +262,9 @@ def test_tokens_strictly_increase_while_the_ledger_leader_is_killed(
         for ledger in ledgers:
             ledger.close()
 
+    # The kills were felt: replays met ends they could not take (and asked again).
+    print(f"unknown end offsets met by replays, by answer: {end_answers.kinds}")
+    assert broken or end_answers.kinds, "no replay ever met an unknown end offset"
     for book in (shared, separate):
         summary = (f"{book.role}: {len(book.claims)} claims, {book.fenced} fenced,"
                    f" {len(book.unavailable)} unavailable {sorted(set(book.unavailable))[:4]},"
