@@ -123,6 +123,8 @@ def test_an_end_offset_that_never_becomes_known_fails_the_replay_and_decides_not
                                  replay_cache_dir=str(tmp_path))
     token = claim(ledger, "2013-01-01").token
     checkpoint = ledger._cache.get(ledger._cluster_id, topic, ROLE)  # type: ignore[union-attr]
+    # The broker says which leader epoch answered: an older one's answer is never a fact.
+    assert checkpoint is not None and checkpoint.leader_epoch is not None
     change.answers = [-1001] * 1000
     writer = ledger.begin(ROLE)
     try:

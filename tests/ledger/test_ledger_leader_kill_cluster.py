@@ -111,7 +111,8 @@ def committed_claims(bootstrap: str, topic: str, role: str) -> list[tuple[int, i
     """(offset, token) of every committed claim of ``role`` in the ledger, in offset order."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
+    consumer = Consumer({"bootstrap.servers": bootstrap,  # type: ignore[dict-item]
+                         "group.id": f"check-{uuid.uuid4().hex}",
                          "isolation.level": "read_committed", "enable.partition.eof": True,
                          "auto.offset.reset": "earliest",
                          "logger": logging.getLogger("test.librdkafka")})
@@ -130,12 +131,12 @@ def committed_claims(bootstrap: str, topic: str, role: str) -> list[tuple[int, i
                 if error.code() == KafkaError._PARTITION_EOF:
                     return found
                 continue
-            key = message.key()
-            if key is None or not key.startswith(prefix) or message.value() is None:
+            key, value, offset = message.key(), message.value(), message.offset()
+            if key is None or not key.startswith(prefix) or value is None or offset is None:
                 continue
-            record = LedgerRecord.decode(message.value(), key=key, offset=message.offset())
-            assert record is not None, message.value()
-            found.append((message.offset(), record.token))
+            record = LedgerRecord.decode(value, key=key, offset=offset)
+            assert record is not None, value
+            found.append((offset, record.token))
     finally:
         consumer.close()
 
@@ -151,7 +152,7 @@ def partition_state(cluster: LocalKafkaCluster, topic: str) -> tuple[int, int]:
     """(leader, ISR size) of the ledger partition; (-1, 0) while unknown."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers,
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers,  # type: ignore[dict-item]
                          "logger": logging.getLogger("test.librdkafka")})
     try:
         partition = admin.list_topics(topic, timeout=5).topics[topic].partitions[0]
