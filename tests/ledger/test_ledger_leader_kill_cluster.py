@@ -152,8 +152,9 @@ def partition_state(cluster: LocalKafkaCluster, topic: str) -> tuple[int, int]:
     """(leader, ISR size) of the ledger partition; (-1, 0) while unknown."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers,  # type: ignore[dict-item]
-                         "logger": logging.getLogger("test.librdkafka")})
+    conf: dict[str, Any] = {"bootstrap.servers": cluster.bootstrap_servers,
+                            "logger": logging.getLogger("test.librdkafka")}
+    admin = AdminClient(conf)
     try:
         partition = admin.list_topics(topic, timeout=5).topics[topic].partitions[0]
     except Exception:  # noqa: BLE001 - a node is down: ask again
