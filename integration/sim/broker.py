@@ -39,6 +39,10 @@ ABORTED = 2
 REMOVED = 3
 
 
+#: What ListOffsets answers for a partition without a leader (librdkafka's OFFSET_INVALID).
+OFFSET_INVALID = -1001
+
+
 class Entry:
     __slots__ = ("offset", "kind", "key", "value", "tid", "epoch", "status")
 
@@ -125,6 +129,10 @@ class Broker:
         self.topic_id = "sim-ledger-topic"
         #: Records removed by compaction so far.
         self.compacted = 0
+        #: Leader changes of ledger partitions: (partition, start, end) in ms. Meanwhile a
+        #: ListOffsets for the partition's end answers -1001 (OFFSET_INVALID), as Kafka's did
+        #: in issue 31.
+        self.leader_changes: list[tuple[int, int, int]] = []
         self.logs = [Log() for _ in range(partitions)]
         self.groups: dict[str, Group] = {}
         self.session_timeout = session_timeout
@@ -137,6 +145,14 @@ class Broker:
         #: on_commit(partition, entries) after a transaction commits.
         self.on_assign: Callable[[str, str], None] = lambda role, member: None
         self.on_commit: Callable[[int, list[Entry]], None] = lambda partition, entries: None
+
+    def end_offset(self, partition: int) -> int:
+        """ListOffsets(latest) of a ledger partition, as the client receives it: the high
+        watermark, or -1001 (not an offset) while the partition's leader changes."""
+        now = self.kernel.now
+        if any(p == partition and a <= now < b for p, a, b in self.leader_changes):
+            return OFFSET_INVALID
+        return self.logs[partition].high_watermark
 
     # -- group coordinator ----------------------------------------------------------------
 

@@ -27,6 +27,9 @@ MUTATIONS: dict[str, str] = {
     " key's newest ledger record cannot be read, instead of refusing (Replay.latest)",
     "stale_replay_cache": "a host's replay checkpoint is trusted as the whole ledger: the"
     " records written since it was taken are not read",
+    "invalid_end_offset": "a replay takes the end offset -1001 that a ledger partition answers"
+    " while its leader changes as the partition's end (issue 31): it reads nothing, and"
+    " issues token 0 or refuses the claim as if the topic were recreated",
     "wait_fails_try": "an Airflow executor try that finds another deployment's live claim"
     " (WAIT) or cannot lead in time fails and uses a try, instead of waiting as the gate does",
     "liveness_takeover_no_token": "a take-over on a GONE liveness verdict (right or wrong: the"

@@ -28,7 +28,7 @@ rule.
 
 States are explored breadth-first with a visited set, so each distinct state is expanded once
 (the interleavings that reach it are equivalent from there on). Invariants, checked on every
-transition: claim tokens strictly increase (S3); a work starts only under its run key's newest
+transition: claim tokens strictly increase (S5); a work starts only under its run key's newest
 claim (the late executor never runs); the token-checked sink never publishes a token below one
 already started (S3); at most one ``COMPLETED`` per run key, with the published token (S3); no
 write from a fenced writer (S2).
@@ -215,7 +215,7 @@ class _Model:
         if claim:
             highest = max((r.token for r in s.ledger), default=-1)
             if record.token <= highest:
-                raise _Violation(f"S3: claim token {record.token} of {record.run_key} not above"
+                raise _Violation(f"S5: claim token {record.token} of {record.run_key} not above"
                                  f" the previous token {highest}")
             key = self.keys.index(record.run_key)
             claimers = list(s.claimers)

@@ -495,6 +495,7 @@ class Simulation:
         kernel.on_step = self._on_step
         self._plan_faults()
         self._plan_liveness()
+        self._plan_leader_changes()
 
     # -- clocks and helpers ---------------------------------------------------------------
 
@@ -594,6 +595,25 @@ class Simulation:
             f"{d.name} {'announces' if d.name in self.announcing else 'silent (older)'}"
             + "".join(f" lost {a}-{b} ms" for a, b in self.liveness_muted[d.name])
             for d in self.deployments))
+
+    def _plan_leader_changes(self) -> None:
+        """Leader changes of ledger partitions (a broker crash): for 50-1500 ms the partition's
+        end offset is asked for and -1001 comes back (issue 31). Its own random stream: the
+        other faults of every seed stay as they were."""
+        if self.fault_free:
+            return
+        rng = random.Random(f"leader-{self.seed}")
+        for partition in range(self.partitions):
+            if rng.random() < 0.4:
+                t = 0
+                for _ in range(rng.choice((1, 1, 2, 3))):
+                    t += rng.randint(0, self.config.fault_horizon // 2)
+                    length = rng.randint(50, 1500)
+                    self.broker.leader_changes.append((partition, t, t + length))
+                    t += length
+        if self.broker.leader_changes:
+            self.log("plan", "ledger leader changes", "; ".join(
+                f"partition {p} {a}-{b} ms" for p, a, b in self.broker.leader_changes))
 
     def _announce(self, proc: Proc, dep: Deployment) -> Gen:
         """The scheduler's liveness announcer (the Airflow listener's child, the Dagster
@@ -770,7 +790,8 @@ class Simulation:
         if cache is None:
             cache = self.host_caches[host] = HostCache(
                 self.broker, self.stats,
-                trust_stale=self.config.mutation == "stale_replay_cache")
+                trust_stale=self.config.mutation == "stale_replay_cache",
+                take_invalid_end=self.config.mutation == "invalid_end_offset")
         return cache
 
     def _spawn_task(
@@ -970,7 +991,8 @@ class Simulation:
                 decision, replay, run_key=run_key, me=me, now=now, policy=self.policy, state=state
             )
         except LedgerError as exc:
-            self.fail("S3", f"token rule refused a claim: {exc}")
+            # The ledger's end is not above a token issued before: tokens would go back (S5).
+            self.fail("S5", f"token rule refused a claim: {exc}")
             raise
         if self.config.mutation == "token_reuse" and decision.latest is not None:
             record = dataclasses.replace(record, token=decision.latest.token)
@@ -1140,7 +1162,7 @@ class Simulation:
         rng = self.kernel.rng
         if not member.leader(self.kernel.now):
             self.fail(
-                "S5",
+                "S7",
                 f"{proc.name} starts the work of {role}/{run_key} with token {token} although"
                 f" {member.name} no longer leads {role} (a fence before the start was dropped)",
             )
@@ -1257,7 +1279,7 @@ class Simulation:
             highest = self.max_claim_token.get(record.role, -1)
             if record.token <= highest:
                 self.fail(
-                    "S3",
+                    "S5",
                     f"claim token {record.token} of {record.role} not above the previous"
                     f" claim token {highest}",
                 )

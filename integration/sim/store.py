@@ -15,7 +15,7 @@ from typing import Any
 from integration.sim.broker import COMMITTED, DATA, Broker, Fenced
 from integration.sim.kernel import Proc, SimCrash
 from neli_orchestrate.errors import FencedError, KafkaUnavailableError
-from neli_orchestrate.ledger.cache import Checkpoint, refusal
+from neli_orchestrate.ledger.cache import Checkpoint, end_is_known, refusal
 from neli_orchestrate.ledger.record import LedgerRecord, encode_key, role_partition
 from neli_orchestrate.ledger.replay import Replay, ReplayBuilder
 
@@ -70,17 +70,30 @@ class HostCache:
     #: The simulated topic's delete.retention.ms, in seconds (no tombstones are written).
     RETENTION = 86400.0
 
-    def __init__(self, broker: Broker, stats: Any, *, trust_stale: bool = False) -> None:
+    def __init__(self, broker: Broker, stats: Any, *, trust_stale: bool = False,
+                 take_invalid_end: bool = False) -> None:
         self.broker = broker
         self.stats = stats
         self.trust_stale = trust_stale
+        self.take_invalid_end = take_invalid_end
         self._checkpoints: dict[str, Checkpoint] = {}
 
     def replay(self, role: str, partition: int, *, fenced: bool) -> Replay:
         log = self.broker.logs[partition]
-        high = _stable_high_watermark(log, role)
         now = self.broker.kernel.now / 1000
         checkpoint = self._checkpoints.get(role)
+        # KafkaLedger._end_offset: the end is an offset, or the replay waits for one; here it
+        # fails at once and the caller retries, as after replay_timeout.
+        end = self.broker.end_offset(partition)
+        if not end_is_known(end):
+            self.stats.note("replay met an unknown end offset")
+            if self.take_invalid_end:
+                return self._defect_of_issue_31(role, partition, checkpoint, end, now,
+                                                fenced=fenced)
+            raise KafkaUnavailableError(
+                f"replay of {role!r}: ledger partition {partition} answered end offset {end},"
+                " which is not an offset (its leader is changing)")
+        high = _stable_high_watermark(log, role)
         builder, start = ReplayBuilder(role), 0
         if checkpoint is not None:
             if self.trust_stale:
@@ -96,6 +109,19 @@ class HostCache:
         self._checkpoints[role] = Checkpoint("sim", "ledger", self.broker.topic_id, partition,
                                              high, now, builder.state())
         return builder.build(high, fenced=fenced)
+
+
+    def _defect_of_issue_31(self, role: str, partition: int, checkpoint: Checkpoint | None,
+                            end: int, now: float, *, fenced: bool) -> Replay:
+        """The ``invalid_end_offset`` mutation: the replay before issue 31 took -1001 as the
+        end. It judged a checkpoint "truncated" (high < its offset), kept its highest token as
+        the floor and folded nothing; without a checkpoint it read nothing at all."""
+        builder = ReplayBuilder(role)
+        if checkpoint is not None and end < checkpoint.offset:
+            builder.raise_token_floor(checkpoint.state.max_token)
+        self._checkpoints[role] = Checkpoint("sim", "ledger", self.broker.topic_id, partition,
+                                             0, now, builder.state())
+        return builder.build(0, fenced=fenced)
 
 
 class WriteAudit:

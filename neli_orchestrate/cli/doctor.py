@@ -24,6 +24,7 @@ from neli_orchestrate.cli._output import emit, json_option, progress, stdout, ta
 from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.topic import choose_group_protocol
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.ledger.transactions import find_open_transaction
 from neli_orchestrate.observe import broker_config, describe_config, group_prefix
 
 __all__ = ["Finding", "broker_release", "diagnose", "doctor"]
@@ -388,6 +389,47 @@ class _Doctor:
             self.add("acl", OK, f"transactional WRITE on ledger topic {names.ledger_topic!r} "
                      f"allowed (the probe was aborted)")
 
+    def transactions(self, topics: dict[str, int]) -> None:
+        """Transactions open on the ledger longer than the writers' transaction timeout: hanging
+        (KIP-664). They hold every replay of the partition back; the broker should have aborted
+        them, so the fix is Kafka's own abort."""
+        ck = _ck()
+        t, names = self.target, self.names
+        topic = names.ledger_topic
+        if topic not in topics:
+            return
+        limit = t.ledger_config().transaction_timeout
+        now = time.time()
+        hanging = 0
+        for partition in range(topics[topic]):
+            try:
+                found = find_open_transaction(
+                    self.admin, lambda settings: ck.Consumer(t.client_config(**settings)),
+                    topic, partition, names.transactional_id_prefix, timeout=t.timeout)
+            except (ck.KafkaException, TimeoutError) as exc:
+                self.add("transactions", WARNING, f"cannot read the last stable offset of "
+                         f"ledger partition {topic}[{partition}]: {exc}",
+                         f"grant READ and DESCRIBE on topic {topic!r}")
+                continue
+            if found is None:
+                continue
+            age = found.age(now)
+            if age is not None and age <= limit:
+                self.add("transactions", OK, f"{found.describe(now)}: within the transaction"
+                         f" timeout ({limit:g} s), a claim in progress")
+                continue
+            hanging += 1
+            self.add("transactions", ERROR,
+                     f"hanging transaction: {found.describe(now)}, longer than the ledger's"
+                     f" transaction timeout ({limit:g} s); every replay of the partition waits"
+                     " for it and claims of its roles fail",
+                     f"if no leader of the role is running, abort it: "
+                     f"{found.abort_command(t.bootstrap_servers)} (Kafka 3.0+, KIP-664); a new "
+                     f"leader's begin() also aborts its own role's transaction")
+        if not hanging:
+            self.add("transactions", OK, f"no ledger transaction open longer than the "
+                     f"transaction timeout ({limit:g} s)")
+
     def clock(self) -> None:
         """Offset of this host's clock from the broker's, from a LogAppendTime record."""
         ck = _ck()
@@ -455,6 +497,7 @@ def diagnose(target: Target, neli: NeliConfig) -> list[Finding]:
         d.kip848()
         d.timeouts()
         topics = d.topics()
+        d.transactions(topics)
         d.group_acl(topics)
         d.write_acl(topics)
         d.clock()

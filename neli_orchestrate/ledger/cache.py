@@ -3,8 +3,10 @@
 Usage (what :class:`~neli_orchestrate.ledger.kafka.KafkaLedger` does on every replay)::
 
     checkpoint = cache.get(key)                     # this process's, else this host's file
-    why_not = refusal(checkpoint, topic_id=..., log_start=..., high=..., now=..., retention=...)
-    builder = ReplayBuilder(role, checkpoint.state) if why_not is None else ReplayBuilder(role)
+    end = ...the high watermark, an offset (never -1001: end_is_known), and its leader epoch...
+    judgement = judge(checkpoint, topic_id=..., log_start=..., end=end, now=..., retention=...)
+    ...CONFIRM: ask for the end again (earlier=end) and judge again...
+    builder = ReplayBuilder(role, checkpoint.state) if CONTINUE else ReplayBuilder(role)
     ...fold the messages from checkpoint.offset (or 0) up to the high watermark...
     cache.put(key, Checkpoint(...))
 
@@ -13,7 +15,8 @@ never changes what lies below that position, with three exceptions, each of whic
 :func:`refusal` answer "replay from offset 0":
 
 - the topic was deleted and recreated (another topic id) or truncated (the high watermark is
-  below the checkpoint): offsets mean something else now;
+  below the checkpoint, and stays there when the broker is asked again: :func:`judge`):
+  offsets mean something else now;
 - records were deleted from the log start (``DeleteRecords``: the log start offset passed the
   checkpoint);
 - compaction removed a tombstone written after the checkpoint, together with the record it
@@ -21,6 +24,12 @@ never changes what lies below that position, with three exceptions, each of whic
   so a checkpoint is only continued within that time (:data:`RETENTION_SHARE` of it, to allow
   for clock differences between this host and the broker) of the moment its high watermark
   was read; every record above the checkpoint was written after that moment.
+
+Only answers that are offsets are facts. An end offset of -1001 (``OFFSET_INVALID``, what a
+partition whose leader is changing may answer), any other negative offset, or an end below the
+checkpoint that the broker does not confirm when asked again, says nothing about the topic: the
+replay waits for a real answer (:func:`end_is_known`, :attr:`Verdict.CONFIRM`) and never judges
+the topic recreated from it.
 
 The highest token a checkpoint saw survives a recreated topic: the fresh replay refuses to
 issue a token that does not exceed it (:attr:`~neli_orchestrate.ledger.replay.Replay.next_token`),
@@ -40,6 +49,7 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 
@@ -52,6 +62,25 @@ logger = logging.getLogger(__name__)
 RETENTION_SHARE = 0.5
 
 _FORMAT = 1
+
+
+def end_is_known(offset: int) -> bool:
+    """True if ``offset``, a broker's answer for a partition's end or log start, is an offset.
+
+    Negative answers are sentinels (-1001 ``OFFSET_INVALID`` during a leader change, -1
+    ``OFFSET_END``, ...): a replay that took one as the end would read nothing and issue a token
+    below those already issued.
+    """
+    return offset >= 0
+
+
+@dataclass(frozen=True)
+class PartitionEnd:
+    """One broker answer for the end (high watermark) of a ledger partition."""
+
+    offset: int
+    #: The leader epoch the answer came from (None: the broker did not say).
+    leader_epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,39 +97,97 @@ class Checkpoint:
     #: ``offset``): every message at or above ``offset`` was written later.
     read_at: float
     state: FoldState
+    #: Leader epoch of the end offset the fold reached (None: unknown). An answer from an
+    #: older epoch is a deposed leader's, not a fact about the partition now.
+    leader_epoch: int | None = None
 
     @property
     def role(self) -> str:
         return self.state.role
 
 
-def refusal(checkpoint: Checkpoint, *, topic_id: str, partition: int, log_start: int,
-            high: int, now: float, retention: float | None) -> str | None:
-    """Why ``checkpoint`` may not be continued (None: it may), given the partition as it is now.
+class Verdict(Enum):
+    """What a replay does with a checkpoint, given the partition as the broker describes it."""
 
+    #: Continue the fold at the checkpoint's offset.
+    CONTINUE = "continue"
+    #: Replay from offset 0: the checkpoint may miss changes, but offsets still mean what they
+    #: meant (the tokens it saw were issued on this topic and stay below its end).
+    REPLAY = "replay"
+    #: Offsets restarted (another topic id, or a truncation the broker confirmed): replay from
+    #: offset 0 and issue no token up to the checkpoint's highest.
+    RESTARTED = "restarted"
+    #: The end is below the checkpoint, which no fact explains yet: ask the broker again.
+    CONFIRM = "confirm"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    #: Why the checkpoint is not continued (None for CONTINUE).
+    why: str | None = None
+
+
+def judge(checkpoint: Checkpoint, *, topic_id: str, partition: int, log_start: int | None,
+          end: PartitionEnd, earlier: PartitionEnd | None = None, now: float,
+          retention: float | None) -> Judgement:
+    """Whether ``checkpoint`` may be continued, given the partition as it is now.
+
+    ``end`` is the broker's answer for the partition's end (an offset: the caller never passes
+    a sentinel, see :func:`end_is_known`); ``earlier`` the answer before it in this replay, when
+    the broker was asked again after an end below the checkpoint. Such an end is judged a
+    truncation only when two answers a moment apart agree, from a leader epoch no older than the
+    checkpoint's: anything else may be a deposed leader's answer, and :attr:`Verdict.CONFIRM`
+    asks again. ``log_start`` None means the broker gave no valid log start (replay from 0).
     ``retention`` is the topic's ``delete.retention.ms`` in seconds (None: unknown, so no
     checkpoint is trusted).
     """
+    if not end_is_known(end.offset):
+        raise ValueError(f"end offset {end.offset} is not an offset; wait for the broker")
     if checkpoint.topic_id != topic_id:
-        return (f"the ledger topic was recreated (topic id {checkpoint.topic_id} is now"
-                f" {topic_id})")
+        return Judgement(Verdict.RESTARTED, f"the ledger topic was recreated (topic id"
+                         f" {checkpoint.topic_id} is now {topic_id})")
     if checkpoint.partition != partition:
-        return f"the role moved from partition {checkpoint.partition} to {partition}"
-    if high < checkpoint.offset:
-        return (f"the partition ends at {high}, below the cached offset {checkpoint.offset}"
-                " (truncated)")
+        return Judgement(Verdict.REPLAY,
+                         f"the role moved from partition {checkpoint.partition} to {partition}")
+    if end.offset < checkpoint.offset:
+        stale = (end.leader_epoch is not None and checkpoint.leader_epoch is not None
+                 and end.leader_epoch < checkpoint.leader_epoch)
+        if stale or earlier is None or earlier != end:
+            return Judgement(Verdict.CONFIRM, (
+                f"the partition ends at {end.offset} (leader epoch {end.leader_epoch}), below"
+                f" the cached offset {checkpoint.offset} (leader epoch"
+                f" {checkpoint.leader_epoch}), not yet confirmed"))
+        return Judgement(Verdict.RESTARTED, (
+            f"the partition ends at {end.offset}, below the cached offset {checkpoint.offset}"
+            f" (truncated: confirmed twice by leader epoch {end.leader_epoch})"))
+    if log_start is None or not end_is_known(log_start):
+        return Judgement(Verdict.REPLAY, "the partition's log start offset is unknown")
     if log_start > checkpoint.offset:
-        return (f"records below offset {log_start} were deleted, past the cached offset"
-                f" {checkpoint.offset}")
+        return Judgement(Verdict.REPLAY, f"records below offset {log_start} were deleted, past"
+                         f" the cached offset {checkpoint.offset}")
     if retention is None:
-        return "the topic's delete.retention.ms is unknown (no DESCRIBE_CONFIGS)"
+        return Judgement(Verdict.REPLAY,
+                         "the topic's delete.retention.ms is unknown (no DESCRIBE_CONFIGS)")
     age = now - checkpoint.read_at
     if age < 0:
-        return f"the checkpoint is {-age:.0f} s in the future (the clock went back)"
+        return Judgement(Verdict.REPLAY,
+                         f"the checkpoint is {-age:.0f} s in the future (the clock went back)")
     if age >= RETENTION_SHARE * retention:
-        return (f"the checkpoint is {age:.0f} s old; compaction may have removed tombstones"
-                f" written since (delete.retention.ms {retention * 1000:.0f})")
-    return None
+        return Judgement(Verdict.REPLAY, (
+            f"the checkpoint is {age:.0f} s old; compaction may have removed tombstones"
+            f" written since (delete.retention.ms {retention * 1000:.0f})"))
+    return Judgement(Verdict.CONTINUE)
+
+
+def refusal(checkpoint: Checkpoint, *, topic_id: str, partition: int, log_start: int,
+            high: int, now: float, retention: float | None) -> str | None:
+    """Why ``checkpoint`` may not be continued (None: it may), for a ``high`` watermark the
+    caller knows to be settled (an end below the checkpoint counts as confirmed)."""
+    end = PartitionEnd(high, checkpoint.leader_epoch)
+    judgement = judge(checkpoint, topic_id=topic_id, partition=partition, log_start=log_start,
+                      end=end, earlier=end, now=now, retention=retention)
+    return judgement.why
 
 
 class ReplayCache:
@@ -187,6 +274,7 @@ def _store(path: Path, checkpoint: Checkpoint) -> None:
         "format": _FORMAT, "cluster_id": checkpoint.cluster_id, "topic": checkpoint.topic,
         "topic_id": checkpoint.topic_id, "partition": checkpoint.partition,
         "offset": checkpoint.offset, "read_at": checkpoint.read_at, "role": state.role,
+        "leader_epoch": checkpoint.leader_epoch,
         "ignored": state.ignored, "max_token": state.max_token,
         "records": {k: v.decode("utf-8") for k, v in state.values.items()},
         "unreadable": {k: [o, why] for k, (o, why) in state.unreadable.items()},
@@ -230,8 +318,11 @@ def _load(path: Path, cluster_id: str, topic: str, role: str) -> Checkpoint | No
             raise ValueError("offsets and counts must be integers")
         state = FoldState(role, MappingProxyType(records), MappingProxyType(values),
                           MappingProxyType(unreadable), ignored, max_token)
+        epoch = document.get("leader_epoch")
+        if epoch is not None and type(epoch) is not int:
+            raise ValueError("leader_epoch must be an integer or null")
         return Checkpoint(cluster_id, topic, str(document["topic_id"]), partition, offset,
-                          read_at, state)
+                          read_at, state, epoch)
     except (KeyError, TypeError, ValueError, AttributeError, MalformedRecordError) as exc:
         logger.warning("ignoring the malformed ledger replay cache %s: %s", path, exc)
         return None

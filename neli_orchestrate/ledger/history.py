@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.ledger.cache import end_is_known
 from neli_orchestrate.ledger.kafka import KafkaLedgerConfig
 from neli_orchestrate.ledger.record import (
     LedgerRecord,
@@ -109,6 +110,36 @@ def _kafka() -> Any:
     return confluent_kafka
 
 
+def _end_offsets(admin: Any, config: KafkaLedgerConfig, partitions: list[int],
+                 deadline: float) -> dict[int, int]:
+    """The read_committed end of each partition, offsets only: -1001 (a partition whose leader
+    is changing) is asked again until ``deadline``, never read as "empty" (issue 31)."""
+    ck = _kafka()
+    spec = ck.admin.OffsetSpec.latest()
+    ends: dict[int, int] = {}
+    while True:
+        tps = [ck.TopicPartition(config.topic, p) for p in partitions if p not in ends]
+        try:
+            futures = admin.list_offsets({tp: spec for tp in tps},
+                                         isolation_level=ck.IsolationLevel.READ_COMMITTED,
+                                         request_timeout=config.request_timeout)
+            answers = {tp.partition: int(f.result(timeout=config.request_timeout * 2).offset)
+                       for tp, f in futures.items()}
+        except ck.KafkaException as exc:
+            raise KafkaUnavailableError(
+                f"cannot read the end offsets of ledger topic {config.topic!r}: {exc}"
+            ) from exc
+        ends.update({p: end for p, end in answers.items() if end_is_known(end)})
+        unknown = sorted(p for p, end in answers.items() if not end_is_known(end))
+        if not unknown:
+            return ends
+        if time.monotonic() > deadline:
+            raise KafkaUnavailableError(
+                f"ledger topic {config.topic!r}: partitions {unknown} answered no end offset"
+                f" ({answers[unknown[0]]}: their leader is changing); nothing was read, retry")
+        time.sleep(0.1)
+
+
 def read_history(config: KafkaLedgerConfig, *, roles: Iterable[str] | None = None,
                  timeout: float | None = None) -> LedgerHistory:
     """Read every committed message of the ledger (or of ``roles``' partitions) up to its end.
@@ -149,18 +180,7 @@ def read_history(config: KafkaLedgerConfig, *, roles: Iterable[str] | None = Non
         partitions = sorted({role_partition(role, count) for role in wanted})
         prefixes = tuple(role_key_prefix(role) for role in wanted)
 
-    tps = [ck.TopicPartition(config.topic, p) for p in partitions]
-    try:
-        spec = ck.admin.OffsetSpec.latest()
-        futures = admin.list_offsets({tp: spec for tp in tps},
-                                     isolation_level=ck.IsolationLevel.READ_COMMITTED,
-                                     request_timeout=config.request_timeout)
-        ends = {tp.partition: int(f.result(timeout=config.request_timeout * 2).offset)
-                for tp, f in futures.items()}
-    except ck.KafkaException as exc:
-        raise KafkaUnavailableError(
-            f"cannot read the end offsets of ledger topic {config.topic!r}: {exc}"
-        ) from exc
+    ends = _end_offsets(admin, config, partitions, deadline)
 
     entries: list[HistoryEntry] = []
     todo = {p: end for p, end in ends.items() if end > 0}

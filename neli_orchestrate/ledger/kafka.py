@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
 import re
-import sys
 import threading
 import time
 import uuid
@@ -24,7 +24,15 @@ from neli_orchestrate.errors import (
     KafkaUnavailableError,
     TopicMismatchError,
 )
-from neli_orchestrate.ledger.cache import Checkpoint, ReplayCache, default_directory, refusal
+from neli_orchestrate.ledger.cache import (
+    Checkpoint,
+    PartitionEnd,
+    ReplayCache,
+    Verdict,
+    default_directory,
+    end_is_known,
+    judge,
+)
 from neli_orchestrate.ledger.record import (
     DEFAULT_LEDGER_TOPIC,
     LedgerError,
@@ -33,10 +41,14 @@ from neli_orchestrate.ledger.record import (
     role_partition,
 )
 from neli_orchestrate.ledger.replay import Replay, ReplayBuilder
+from neli_orchestrate.ledger.transactions import find_open_transaction
 
 logger = logging.getLogger(__name__)
 
 
+
+#: The all-zero topic id: "none" (a broker that does not know the topic's id).
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -169,6 +181,26 @@ def _transient_codes() -> frozenset[int]:
     })
 
 
+def _end_codes() -> frozenset[int]:
+    """Errors that mean the partition's end is not known *yet* (a leader is changing)."""
+    error = _kafka().KafkaError
+    return _transient_codes() | frozenset({
+        error.OFFSET_NOT_AVAILABLE, error.FENCED_LEADER_EPOCH, error.UNKNOWN_LEADER_EPOCH,
+        error.NOT_ENOUGH_REPLICAS, error.KAFKA_STORAGE_ERROR,
+    })
+
+
+#: Seconds between two questions for the end of a partition whose end came back below the
+#: cached offset (a truncation is believed only when a second answer, this much later,
+#: agrees: judge()).
+CONFIRM_INTERVAL = 0.5
+#: Seconds between questions for an end offset while the partition has none (leader change).
+_END_RETRY = 0.1
+#: Seconds a replay's position may stand still below the end before it names the open
+#: transaction holding it back (once, as a warning).
+_STUCK_WARNING = 2.0
+
+
 def _kafka_error(exc: BaseException) -> Any:
     """The KafkaError inside a KafkaException (or None)."""
     args = getattr(exc, "args", ())
@@ -196,6 +228,9 @@ class KafkaLedger:
         self._delete_retention: float | None = None
         #: Producers being created and connected before leading, by role (see prepare()).
         self._prepared: dict[str, Future[Any]] = {}
+        #: Clocks of the replay's deadlines and waits (tests inject fakes).
+        self._monotonic = time.monotonic
+        self._sleep = time.sleep
         self._cache: ReplayCache | None = None
         if config.replay_cache:
             directory = config.replay_cache_dir
@@ -495,53 +530,99 @@ class KafkaLedger:
         with self._lock:
             partition = role_partition(role, self._ensure_ready())
             tp = ck.TopicPartition(self.config.topic, partition)
-            deadline = time.monotonic() + self.config.replay_timeout
+            deadline = self._monotonic() + self.config.replay_timeout
             # Before the high watermark is read: every message above it is written later.
             read_at = time.time()
             # Topic id and log start are asked for alongside the high watermark (one round trip).
             pending = self._partition_facts(partition) if self._cache is not None else None
-            high = self._high_watermark(tp)
+            # An offset, never a sentinel: an unknown end is not an empty ledger (S5).
+            end = self._end_offset(tp, deadline)
             topic_id, log_start = self._facts(pending)
-            builder, start = self._resume(role, partition, topic_id, log_start, high, read_at)
-            if high > start:
-                position = self._fold(builder, role, tp, start, high, deadline)
+            builder, start, end = self._resume(role, tp, topic_id, log_start, end, read_at,
+                                               deadline)
+            if end.offset > start:
+                position = self._fold(builder, role, tp, start, end.offset, deadline)
             else:
                 # At the checkpoint (or an empty partition): the checkpoint's position was
                 # reached read_committed, so no transaction below it is still open.
                 position = start
             if self._cache is not None and topic_id is not None:
                 self._cache.put(Checkpoint(self._cluster_id, self.config.topic, topic_id,
-                                           partition, position, read_at, builder.state()))
+                                           partition, position, read_at, builder.state(),
+                                           end.leader_epoch))
             return builder.build(position, fenced=fenced)
 
-    def _resume(self, role: str, partition: int, topic_id: str | None, log_start: int,
-                high: int, read_at: float) -> tuple[ReplayBuilder, int]:
-        """The fold to continue and its offset: the role's checkpoint if safe, else offset 0."""
+    def _resume(self, role: str, tp: Any, topic_id: str | None, log_start: int | None,
+                end: PartitionEnd, read_at: float, deadline: float,
+                ) -> tuple[ReplayBuilder, int, PartitionEnd]:
+        """The fold to continue, its offset, and the end to fold to: the role's checkpoint if
+        the topic confirms it, else offset 0 (cache.judge)."""
         cache = self._cache
         if cache is None or topic_id is None:
-            return ReplayBuilder(role), 0
+            return ReplayBuilder(role), 0, end
         checkpoint = cache.get(self._cluster_id, self.config.topic, role)
         if checkpoint is None:
-            return ReplayBuilder(role), 0
-        why = refusal(checkpoint, topic_id=topic_id, partition=partition, log_start=log_start,
-                      high=high, now=read_at, retention=self._delete_retention)
-        if why is None:
+            return ReplayBuilder(role), 0, end
+        earlier: PartitionEnd | None = None
+        while True:
+            judgement = judge(checkpoint, topic_id=topic_id, partition=tp.partition,
+                              log_start=log_start, end=end, earlier=earlier, now=read_at,
+                              retention=self._delete_retention)
+            if judgement.verdict is not Verdict.CONFIRM:
+                break
+            # An end below the checkpoint may be a deposed leader's answer: ask again, from
+            # the partition's current leader, before believing the topic was truncated.
+            if self._monotonic() + CONFIRM_INTERVAL >= deadline:
+                raise KafkaUnavailableError(
+                    f"replay of role {role!r}: ledger partition {tp.topic}[{tp.partition}]"
+                    f" answers an end below what this host already read ({judgement.why})"
+                    f" and did not confirm it within replay_timeout"
+                    f" ({self.config.replay_timeout} s); nothing was decided. Retry once the"
+                    " partition's leadership has settled")
+            logger.info("replay of %r: %s; asking the broker again", role, judgement.why)
+            self._sleep(CONFIRM_INTERVAL)
+            self._refresh_metadata()
+            earlier, end = end, self._end_offset(tp, deadline)
+        if judgement.verdict is Verdict.CONTINUE:
             logger.debug("replay of %r continues at offset %d (%d run keys cached)", role,
                          checkpoint.offset, len(checkpoint.state.records))
-            return ReplayBuilder(role, checkpoint.state), checkpoint.offset
+            return ReplayBuilder(role, checkpoint.state), checkpoint.offset, end
         builder = ReplayBuilder(role)
-        if checkpoint.topic_id != topic_id or high < checkpoint.offset:
+        if judgement.verdict is Verdict.RESTARTED:
             # Offsets restarted: tokens issued before must still not be reissued.
             builder.raise_token_floor(checkpoint.state.max_token)
             logger.warning(
                 "ledger topic %r of role %r: %s; replaying from offset 0. Claims stay refused"
                 " until the partition passes token %d issued before (delete %s to accept the"
-                " new topic after resetting the sinks' tokens)", self.config.topic, role, why,
-                checkpoint.state.max_token,
+                " new topic after resetting the sinks' tokens)", self.config.topic, role,
+                judgement.why, checkpoint.state.max_token,
                 cache.path(self._cluster_id, self.config.topic, role) or "the process's cache")
         else:
-            logger.debug("replay of %r starts at offset 0: %s", role, why)
-        return builder, 0
+            logger.debug("replay of %r starts at offset 0: %s", role, judgement.why)
+        return builder, 0, end
+
+    def _open_transaction(self, partition: int) -> str:
+        """Name the open transaction holding ``partition``'s last stable offset back."""
+        def consumer(settings: dict[str, Any]) -> Any:
+            return _kafka().Consumer({**self._client_config(), **settings})
+
+        try:
+            found = find_open_transaction(self._admin, consumer, self.config.topic, partition,
+                                          self.config.prefix,
+                                          timeout=min(self.config.request_timeout, 5.0))
+        except (_kafka().KafkaException, concurrent.futures.TimeoutError) as exc:
+            return f"an open transaction holds the last stable offset (not named: {exc})"
+        if found is None:
+            return "the last stable offset is below the high watermark"
+        return found.describe(time.time())
+
+    def _refresh_metadata(self) -> None:
+        """Ask for the topic's metadata, so the next request goes to its current leader."""
+        try:
+            self._admin.list_topics(topic=self.config.topic,
+                                    timeout=self.config.request_timeout)
+        except _kafka().KafkaException as exc:
+            logger.debug("refreshing the metadata of %r: %s", self.config.topic, exc)
 
     def _fold(self, builder: ReplayBuilder, role: str, tp: Any, start: int, high: int,
               deadline: float) -> int:
@@ -553,6 +634,7 @@ class KafkaLedger:
         # auto.offset.reset=earliest covers records deleted from the log start.
         consumer.assign([ck.TopicPartition(self.config.topic, partition, start)])
         position = eof = -1
+        moved_at, named = self._monotonic(), False
         try:
             while True:
                 # consume() waits for a full batch or the timeout: keep the timeout short.
@@ -581,17 +663,30 @@ class KafkaLedger:
                         )
                     builder.add(message.key(), message.value(), message.offset())
                 # The position moves past transaction markers too, so it reaches the high
-                # watermark once every transaction open at the start has ended.
-                position = max(consumer.position([tp])[0].offset, eof)
+                # watermark once every transaction open at the start has ended. Before the
+                # first fetch it is a sentinel (-1001), below any end.
+                before = position
+                try:
+                    position = max(consumer.position([tp])[0].offset, eof)
+                except ck.KafkaException as exc:
+                    logger.debug("replay of %r: no position yet (%s)", role, exc)
                 if position >= high:
                     return position
-                if time.monotonic() > deadline:
+                now = self._monotonic()
+                if position != before:
+                    moved_at = now
+                elif not named and now - moved_at > _STUCK_WARNING:
+                    named = True   # say once who holds the replay back, instead of waiting silently
+                    logger.warning("replay of role %r waits: %s", role,
+                                   self._open_transaction(partition))
+                if now > deadline:
                     raise KafkaUnavailableError(
-                        f"replay of role {role!r} stuck at offset {position} of ledger"
+                        f"replay of role {role!r} stuck at offset"
+                        f" {position if end_is_known(position) else start} of ledger"
                         f" partition {self.config.topic}[{partition}], below the high"
-                        f" watermark {high}: an open transaction holds the last stable"
-                        " offset (a writer that died mid-transaction blocks until a newer"
-                        " leader of its role fences it or transaction_timeout passes)"
+                        f" watermark {high}: {self._open_transaction(partition)}. A writer"
+                        " that died mid-transaction blocks until a newer leader of its role"
+                        " fences it or its transaction timeout passes"
                     )
         finally:
             consumer.unassign()
@@ -612,52 +707,78 @@ class KafkaLedger:
             return None
         return described, earliest
 
-    def _facts(self, pending: Any) -> tuple[str | None, int]:
-        """(topic id, log start offset); (None, ...) when the broker will not say: no cache."""
+    def _facts(self, pending: Any) -> tuple[str | None, int | None]:
+        """(topic id, log start offset); None for what the broker did not say (a topic id of
+        None: no cache; a log start of None: no checkpoint is continued)."""
         if pending is None:
-            return None, sys.maxsize
+            return None, None
         ck = _kafka()
         described, earliest = pending
         timeout = self.config.request_timeout * 2
         try:
             topic_id = getattr(described.result(timeout=timeout), "topic_id", None)
-            log_start = int(earliest.result(timeout=timeout).offset)
-        except ck.KafkaException as exc:
+        except (ck.KafkaException, concurrent.futures.TimeoutError) as exc:
             logger.debug("cannot describe ledger topic %r (%s): replaying from offset 0",
                          self.config.topic, exc)
-            return None, sys.maxsize
-        return (None if topic_id is None else str(topic_id)), log_start
+            return None, None
+        log_start: int | None
+        try:
+            log_start = int(earliest.result(timeout=timeout).offset)
+        except (ck.KafkaException, concurrent.futures.TimeoutError) as exc:
+            logger.debug("no log start offset of ledger topic %r (%s)", self.config.topic, exc)
+            log_start = None
+        if log_start is not None and not end_is_known(log_start):
+            log_start = None  # -1001 during a leader change: not an offset
+        if topic_id is None or str(topic_id) == _NO_TOPIC_ID:
+            return None, log_start
+        return str(topic_id), log_start
 
-    def _high_watermark(self, tp: Any) -> int:
+    def _end_offset(self, tp: Any, deadline: float) -> PartitionEnd:
+        """The partition's high watermark, an offset: while the partition has no leader, or
+        answers a sentinel (-1001 during a leader change), or does not answer, ask again until
+        ``deadline``, then raise :class:`KafkaUnavailableError`. Never a guess."""
         ck = _kafka()
         spec = ck.admin.OffsetSpec.latest()
-        deadline = time.monotonic() + self.config.request_timeout
+        last = "no answer"
         while True:
+            timeout = max(0.5, min(self.config.request_timeout, deadline - self._monotonic()))
             try:
                 result = self._admin.list_offsets(
                     {tp: spec},
                     isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
-                    request_timeout=self.config.request_timeout,
-                )[tp].result(timeout=self.config.request_timeout * 2)
-                return int(result.offset)
+                    request_timeout=timeout,
+                )[tp].result(timeout=timeout + 1)
+                offset = int(result.offset)
+                if end_is_known(offset):
+                    return PartitionEnd(offset, getattr(result, "leader_epoch", None))
+                last = (f"offset {offset}, which is not an offset (the partition's leader is"
+                        " changing)")
+            except concurrent.futures.TimeoutError:
+                last = f"no answer within {timeout:.1f} s"
             except ck.KafkaException as exc:
-                err = _kafka_error(exc)
-                # A partition just created, or moving between brokers, has no leader for a
-                # moment; the admin API reports that as not retriable, but it is.
-                if err is not None and (err.retriable() or err.code() in _transient_codes()) and (
-                    time.monotonic() < deadline
-                ):
-                    time.sleep(0.05)
-                    continue
                 if _denied(exc):
                     raise AuthorizationError(
                         f"reading the high watermark of ledger topic {tp.topic!r} was denied"
                         f" ({exc}): grant READ on it (implies DESCRIBE); docs/guide/security.md"
                     ) from exc
+                err = _kafka_error(exc)
+                # A partition just created, or moving between brokers, has no leader for a
+                # moment; the admin API reports that as not retriable, but it is.
+                if err is None or not (err.retriable() or err.code() in _end_codes()):
+                    raise KafkaUnavailableError(
+                        f"cannot read the high watermark of ledger partition"
+                        f" {tp.topic}[{tp.partition}]: {exc}"
+                    ) from exc
+                last = str(exc)
+            if self._monotonic() >= deadline:
                 raise KafkaUnavailableError(
-                    f"cannot read the high watermark of ledger partition"
-                    f" {tp.topic}[{tp.partition}]: {exc}"
-                ) from exc
+                    f"cannot establish the end of ledger partition {tp.topic}[{tp.partition}]"
+                    f" within replay_timeout ({self.config.replay_timeout} s); the last answer"
+                    f" was {last}. Nothing was read or decided (an unknown end is not an empty"
+                    " ledger); retry once the partition has a leader")
+            logger.debug("end of ledger partition %s[%d] not known yet (%s); asking again",
+                         tp.topic, tp.partition, last)
+            self._sleep(_END_RETRY)
 
     def _replay_consumer(self) -> Any:
         if self._consumer is None:

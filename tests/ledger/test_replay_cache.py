@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from neli_orchestrate.errors import UnreadableRecordError
-from neli_orchestrate.ledger.cache import Checkpoint, ReplayCache, refusal
+from neli_orchestrate.ledger.cache import (
+    Checkpoint,
+    Judgement,
+    PartitionEnd,
+    ReplayCache,
+    Verdict,
+    end_is_known,
+    judge,
+    refusal,
+)
 from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState, encode_key
 from neli_orchestrate.ledger.replay import ReplayBuilder
 
@@ -180,3 +190,97 @@ def test_an_unchanged_file_is_not_parsed_again_but_another_process_s_newer_one_i
                                ("a", record("a", RunState.COMPLETED, 0))]), 2))
     best = mine.get("cluster", "ledger", ROLE)
     assert len(loads) == 1 and best is not None and best.offset == 2
+
+
+# -- judging the topic from the broker's answers (issue 31: S5, no false "recreated") --------
+
+def judged(cp: Checkpoint, end: PartitionEnd, earlier: PartitionEnd | None = None,
+           **changes: object) -> Judgement:
+    facts: dict[str, object] = dict(topic_id="id-1", partition=0, log_start=0,
+                                    now=cp.read_at + 60, retention=DAY)
+    facts.update(changes)
+    return judge(cp, end=end, earlier=earlier, **facts)  # type: ignore[arg-type]
+
+
+def tokens_up_to(token: int) -> ReplayBuilder:
+    return fold([(f"k{i}", record(f"k{i}", RunState.COMPLETED, i)) for i in range(token + 1)])
+
+
+def test_a_topic_with_another_topic_id_is_judged_recreated() -> None:
+    cp = checkpoint(tokens_up_to(6), 7, topic_id="id-1")
+    judgement = judged(cp, PartitionEnd(0, 0), topic_id="id-2")
+    assert judgement.verdict is Verdict.RESTARTED
+    assert judgement.why is not None and "recreated" in judgement.why
+    # ...even when its end is above the checkpoint: offsets of another topic mean nothing.
+    assert judged(cp, PartitionEnd(90, 0), topic_id="id-2").verdict is Verdict.RESTARTED
+
+
+def test_an_end_below_the_checkpoint_is_a_truncation_only_once_the_broker_confirms_it() -> None:
+    cp = replace(checkpoint(tokens_up_to(6), 7), leader_epoch=3)
+    low = PartitionEnd(2, 4)
+    # One answer is not a fact: it may be a deposed leader's.
+    first = judged(cp, low)
+    assert first.verdict is Verdict.CONFIRM
+    assert first.why is not None and "not yet confirmed" in first.why
+    # Asked again, the current leader (epoch 4) says the same: the log was truncated.
+    confirmed = judged(cp, PartitionEnd(2, 4), earlier=low)
+    assert confirmed.verdict is Verdict.RESTARTED
+    assert confirmed.why is not None and "truncated" in confirmed.why
+    # Whatever the restarted replay reads, it refuses tokens up to the checkpoint's highest.
+    builder = ReplayBuilder(ROLE)
+    builder.raise_token_floor(cp.state.max_token)
+    with pytest.raises(LedgerError, match="recreated or rewritten"):
+        _ = builder.build(2, fenced=True).next_token
+
+
+@pytest.mark.parametrize(("end", "earlier"), [
+    (PartitionEnd(2, 4), None),                       # asked once
+    (PartitionEnd(2, 4), PartitionEnd(1, 4)),         # two answers that disagree
+    (PartitionEnd(2, 4), PartitionEnd(2, 5)),         # from two leader epochs
+    (PartitionEnd(2, 2), PartitionEnd(2, 2)),         # twice from a leader older than the cache's
+])
+def test_an_unconfirmed_end_below_the_checkpoint_is_not_judged_recreated(
+    end: PartitionEnd, earlier: PartitionEnd | None
+) -> None:
+    cp = replace(checkpoint(tokens_up_to(6), 7), leader_epoch=3)
+    judgement = judged(cp, end, earlier)
+    assert judgement.verdict is Verdict.CONFIRM, judgement
+
+
+@pytest.mark.parametrize("sentinel", [-1001, -1, -2])
+def test_a_sentinel_end_is_never_judged(sentinel: int) -> None:
+    # -1001 (OFFSET_INVALID) is what a partition whose leader is changing may answer: it is
+    # not an offset, so it is neither "empty" nor "truncated".
+    assert not end_is_known(sentinel)
+    cp = checkpoint(tokens_up_to(6), 7)
+    with pytest.raises(ValueError, match="not an offset"):
+        judged(cp, PartitionEnd(sentinel, 4))
+
+
+@pytest.mark.parametrize("log_start", [None, -1001])
+def test_an_unknown_log_start_replays_from_zero_without_judging_the_topic(
+    log_start: int | None,
+) -> None:
+    cp = checkpoint(tokens_up_to(6), 7)
+    judgement = judged(cp, PartitionEnd(9, 4), log_start=log_start)
+    assert judgement.verdict is Verdict.REPLAY
+    assert judgement.why is not None and "log start" in judgement.why
+    # Records deleted past the checkpoint: the same, not a recreated topic.
+    assert judged(cp, PartitionEnd(9, 4), log_start=8).verdict is Verdict.REPLAY
+    assert judged(cp, PartitionEnd(9, 4)).verdict is Verdict.CONTINUE
+
+
+def test_the_leader_epoch_survives_the_file_and_an_older_file_reads_as_unknown(
+    tmp_path: Path,
+) -> None:
+    cp = replace(checkpoint(tokens_up_to(2), 3), leader_epoch=5)
+    cache = ReplayCache(tmp_path)
+    cache.put(cp)
+    assert ReplayCache(tmp_path).get("cluster", "ledger", ROLE) == cp
+    path = cache.path("cluster", "ledger", ROLE)
+    assert path is not None
+    document = json.loads(path.read_text())
+    del document["leader_epoch"]                  # written before issue 31
+    path.write_text(json.dumps(document))
+    loaded = ReplayCache(tmp_path).get("cluster", "ledger", ROLE)
+    assert loaded is not None and loaded.leader_epoch is None and loaded.offset == 3

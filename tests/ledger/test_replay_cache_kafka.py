@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from neli_orchestrate.errors import UnreadableRecordError
 from neli_orchestrate.ledger import kafka as ledger_kafka
+from neli_orchestrate.ledger.cache import Judgement, Verdict
 from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
 from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState, encode_key
 
@@ -213,5 +214,6 @@ def test_a_tombstone_removed_by_compaction_after_the_checkpoint_is_not_missed(
     replay = ledger.replay(ROLE)
     assert sorted(replay.records) == ["2013-01-02"]
     # Broken on purpose: trusting the same checkpoint misses the tombstone it can no longer see.
-    monkeypatch.setattr(ledger_kafka, "refusal", lambda checkpoint, **facts: None)
+    monkeypatch.setattr(ledger_kafka, "judge",
+                        lambda checkpoint, **facts: Judgement(Verdict.CONTINUE))
     assert sorted(stale.replay(ROLE).records) == ["2013-01-01", "2013-01-02"]

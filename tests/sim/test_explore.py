@@ -28,11 +28,11 @@ def test_every_interleaving_of_two_deployments_two_run_keys_two_faults_keeps_the
 CAUGHT: dict[str, tuple[Scope, set[str]]] = {
     # issue 20: a take-over on a GONE verdict without a new token, with only liveness losses
     # (the deployment whose claim is taken over keeps running: a false verdict)
-    "liveness_takeover_no_token": (Scope(fault_kinds=("liveness_loss",)), {"S3"}),
-    "token_reuse": (Scope(), {"S3"}),
+    "liveness_takeover_no_token": (Scope(fault_kinds=("liveness_loss",)), {"S3", "S5"}),
+    "token_reuse": (Scope(), {"S3", "S5"}),
     "run_on_wait": (Scope(), {"S4"}),
     # the late executor that skips its claim check needs a deeper path: one run key
-    "no_claim_check": (Scope(run_keys=1, depth=18), {"S3", "S4"}),
+    "no_claim_check": (Scope(run_keys=1, depth=18), {"S3", "S4", "S5"}),
 }
 
 

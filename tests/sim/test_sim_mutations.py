@@ -14,14 +14,14 @@ EXPECTED = {
     "ignore_completed": {"S3", "S4"},
     "run_on_wait": {"S4"},
     "no_fencing": {"S2", "S3"},
-    "token_reuse": {"S3"},
+    "token_reuse": {"S3", "S5"},
     "no_claim_check": {"S3", "S4"},
     "no_membership_proof": {"S1"},
     "no_self_fence": {"S1"},
     "hint_grants": {"S1"},
     # issue 9: the defects of the failure paths, re-introduced
     "superseded_by_own_claim": {"L1"},
-    "fence_before_start_dropped": {"S5"},
+    "fence_before_start_dropped": {"S7"},
     "sink_hwm_on_publish": {"S3"},
     # a newer deployment completed the run key (schema v2); deciding from the older record
     # runs it again
@@ -29,10 +29,13 @@ EXPECTED = {
     # issue 12: a host's replay checkpoint taken as the whole ledger misses later records
     "stale_replay_cache": {"S3", "L1"},
     # issue 20: a take-over on a (possibly false) GONE verdict without a new token
-    "liveness_takeover_no_token": {"S3"},
+    "liveness_takeover_no_token": {"S3", "S5"},
     # issue 20/21: a fenced try that meets another deployment's live claim fails (uses a try)
     # instead of waiting as the gate does; a DAG run can run out of tries on WAIT
     "wait_fails_try": {"L1"},
+    # issue 31: a replay takes the end offset -1001 of a partition whose leader is changing as
+    # the end: token 0 over issued tokens, or the false "recreated" refusal (tokens, S5)
+    "invalid_end_offset": {"S5"},
 }
 
 
