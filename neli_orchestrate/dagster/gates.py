@@ -22,6 +22,7 @@ import dagster as dg
 from neli_orchestrate.dagster.resource import NeliResource, _describe, _record_skip
 from neli_orchestrate.dagster.run import NeliRun, default_run_key
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.sinks.io_managers import OutputRefused, claim_for_outputs
 
 GATE_OUTPUT = "claimed"
 
@@ -176,20 +177,39 @@ def singleton_asset(
             )
             name = role(context) if callable(role) else role
             key = run_key(context) if callable(run_key) else run_key
-            with neli.singleton(context, role=name, run_key=key) as run:
-                if not run.should_run:
-                    if materialize_by_proxy:
-                        # Catalog sees the data here too; downstream steps of this run execute.
-                        yield run.materialize_by_proxy()
-                    else:
-                        _record_skip(context, run, materialize=False)
-                    return
-                result = func(context, run, **kwargs)
-                # Work that ignored a fence must not reach the IO manager; and the output is
-                # emitted inside the block, so the IO manager stores it while this deployment
-                # still holds the role, before COMPLETED is recorded.
-                run.check()
-                yield _with_run_metadata(result, run)
+            refused: list[OutputRefused] = []
+            try:
+                with neli.singleton(context, role=name, run_key=key) as run:
+                    if not run.should_run:
+                        if materialize_by_proxy:
+                            # Catalog sees the data here too; downstream steps of this run
+                            # execute.
+                            yield run.materialize_by_proxy()
+                        else:
+                            _record_skip(context, run, materialize=False)
+                        return
+                    result = func(context, run, **kwargs)
+                    # Work that ignored a fence must not reach the IO manager; and the output
+                    # is emitted inside the block, so the IO manager stores it while this
+                    # deployment still holds the role, before COMPLETED is recorded.
+                    run.check()
+                    # The token-checked IO managers (NeliDeltaIOManager, NeliIcebergIOManager)
+                    # find the claim here.
+                    with claim_for_outputs(context, run) as claim:
+                        try:
+                            yield _with_run_metadata(result, run)
+                        except GeneratorExit:
+                            if claim.refused is None:
+                                raise
+                            # The IO manager refused the output and failed the step; Dagster
+                            # abandons this generator. End the block with that reason, so the
+                            # ledger records FAILED (or nothing, when fenced), not COMPLETED.
+                            refused.append(OutputRefused(claim.refused.description or ""))
+                            raise refused[-1] from None
+            except BaseException:
+                if refused:
+                    return  # the step already failed with the IO manager's message
+                raise
 
         # Name, module and docs from the user's function (Dagster resolves string annotations
         # against __module__); the signature minus ``run``, plus the resource if needed.
