@@ -172,6 +172,16 @@ def singleton_asset(
             )
 
         def compute(context, **kwargs):  # type: ignore[no-untyped-def]
+            # The block runs in its own generator so that an IO manager that refuses the
+            # output can end it at once (claim_for_outputs' ``end``), before the step fails:
+            # the ledger then records FAILED (or nothing, when fenced) and leadership is
+            # released now, not whenever Dagster's abandoned generator is collected.
+            itself: list[Any] = []
+            body = _body(context, kwargs, itself)
+            itself.append(body)
+            yield from body
+
+        def _body(context, kwargs, itself):  # type: ignore[no-untyped-def]
             neli: NeliResource = (
                 kwargs[resource_key] if user_takes_resource else kwargs.pop(resource_key)
             )
@@ -195,20 +205,20 @@ def singleton_asset(
                     run.check()
                     # The token-checked IO managers (NeliDeltaIOManager, NeliIcebergIOManager)
                     # find the claim here.
-                    with claim_for_outputs(context, run) as claim:
+                    with claim_for_outputs(context, run, end=lambda: itself[0].close()) as claim:
                         try:
                             yield _with_run_metadata(result, run)
                         except GeneratorExit:
                             if claim.refused is None:
                                 raise
-                            # The IO manager refused the output and failed the step; Dagster
-                            # abandons this generator. End the block with that reason, so the
-                            # ledger records FAILED (or nothing, when fenced), not COMPLETED.
-                            refused.append(OutputRefused(claim.refused.description or ""))
+                            # The IO manager refused the output and fails the step. End the
+                            # block with its reason: FAILED (or nothing, when fenced), never
+                            # COMPLETED.
+                            refused.append(OutputRefused(claim.refused))
                             raise refused[-1] from None
             except BaseException:
                 if refused:
-                    return  # the step already failed with the IO manager's message
+                    return  # the step fails with the IO manager's message
                 raise
 
         # Name, module and docs from the user's function (Dagster resolves string annotations

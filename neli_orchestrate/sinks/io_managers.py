@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -55,10 +55,18 @@ class OutputRefused(Exception):
 class OutputClaim:
     """The claim a step's outputs are written under, and what an IO manager refused."""
 
-    def __init__(self, run: NeliRun) -> None:
+    def __init__(self, run: NeliRun, end: Callable[[], None] | None) -> None:
         self.run = run
-        #: The failure an IO manager raised for this step's output (None: none so far).
-        self.refused: dg.Failure | None = None
+        self._end = end
+        #: Why an IO manager refused this step's output (None: it did not).
+        self.refused: str | None = None
+
+    def refuse(self, reason: str) -> None:
+        """Record why the output was refused and end the claim's block now."""
+        self.refused = reason
+        if self._end is not None:
+            end, self._end = self._end, None
+            end()
 
 
 _lock = threading.Lock()
@@ -66,12 +74,14 @@ _claims: dict[tuple[str, str], OutputClaim] = {}
 
 
 @contextlib.contextmanager
-def claim_for_outputs(context: Any, run: NeliRun) -> Iterator[OutputClaim]:
+def claim_for_outputs(context: Any, run: NeliRun, end: Callable[[], None] | None = None
+                      ) -> Iterator[OutputClaim]:
     """Make ``run``'s claim the one the token-checked IO managers use for this step's outputs
-    while the block runs (``singleton_asset`` wraps its ``yield`` in it)."""
+    while the block runs (``singleton_asset`` wraps its ``yield`` in it). ``end()`` ends the
+    claim's block at once when an IO manager refuses the output."""
     op_context = getattr(context, "op_execution_context", context)
     key = (op_context.run_id, op_context.get_step_execution_context().step.key)
-    claim = OutputClaim(run)
+    claim = OutputClaim(run, end)
     with _lock:
         _claims[key] = claim
     try:
@@ -122,7 +132,9 @@ def _write(claim: OutputClaim, where: str, write: Any) -> Any:
     try:
         return _checked_write(claim.run, where, write)
     except dg.Failure as failure:
-        claim.refused = failure  # singleton_asset records it in the ledger as the block ends
+        # End the singleton block now, with this reason: the ledger records FAILED (or nothing,
+        # when fenced) and leadership is released before the step fails.
+        claim.refuse(failure.description or "the IO manager refused the output")
         raise
 
 
