@@ -189,6 +189,16 @@ def test_one_token_several_partitions_maintenance_and_retention(spark, tmp_path)
             write_delta_fenced(frame(spark, rows("zombie", 1, date)), path, DATE, ZOMBIE,
                                role=ROLE, partition_value=partition)
     assert table_rows(spark, path) == sorted(rows("owner", 2))
+    # The other engine's writer (delta-rs) shares the key and is refused after Spark's
+    # compaction too.
+    import pyarrow as pa
+
+    from neli_orchestrate.sinks.delta import write_deltalake_fenced
+
+    zombie_rs = pa.table({"date": [DATE], "carrier": ["C0"], "flights": [1], "writer": ["rs"]})
+    with pytest.raises(StaleTokenError):
+        write_deltalake_fenced(zombie_rs, path, DATE, ZOMBIE, role=ROLE)
+    assert table_rows(spark, path) == sorted(rows("owner", 2))
 
     # Transaction retention would let Delta forget the token: refused up front, by name.
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
