@@ -9,6 +9,9 @@
   (``write_deltalake_fenced``).
 - ``iceberg``: an Apache Iceberg table, through Spark (``write_iceberg_fenced``) or pyiceberg
   (``write_pyiceberg_fenced``).
+- ``io_managers``: ``NeliDeltaIOManager`` and ``NeliIcebergIOManager``, Dagster IO managers that
+  write an ``@singleton_asset``'s output through those sinks under the step's claim (imports
+  dagster; the only module here that does).
 
 Users import the writers from where they always did (``neli_orchestrate.spark``,
 ``neli_orchestrate.spark.delta``, ``neli_orchestrate.dagster.delta``, ...); this package holds the
