@@ -63,7 +63,7 @@ class ClusterSettings(BaseModel):
     ledger_topic: str | None = Field(
         default=None,
         title="Ledger topic",
-        description="Compacted run-ledger topic (None: '<namespace>.ledger'); the same in every "
+        description="Compacted run-ledger topic (unset: '<namespace>.ledger'); the same in every "
         "deployment.",
     )
     kafka_config: dict[str, Any] = Field(
@@ -161,14 +161,14 @@ class NeliSettings(ClusterSettings):
         default=None,
         gt=0,
         title="Session timeout (s)",
-        description="Kafka group session timeout in seconds (None: from the profile); a paused "
+        description="Kafka group session timeout in seconds (unset: from the profile); a paused "
         "or cut-off deployment loses the role after about this long.",
     )
     heartbeat_timeout: float | None = Field(
         default=None,
         gt=0,
         title="Heartbeat timeout (s)",
-        description="NELI heartbeat timeout in seconds (None: a third of the session timeout): "
+        description="NELI heartbeat timeout in seconds (unset: a third of the session timeout): "
         "a leader that has not read back its own heartbeat for this long fences itself.",
     )
     handoff_timeout: float = Field(
@@ -200,7 +200,7 @@ class NeliSettings(ClusterSettings):
         ge=1,
         title="Max attempts",
         description="Attempts per run key, in all deployments, before it fails for good "
-        "(None: no limit).",
+        "(unset: no limit).",
     )
     region_urls: dict[str, str] = Field(
         default_factory=dict,

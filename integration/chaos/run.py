@@ -50,6 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from integration.chaos.history import check as check_history
+from integration.chaos.history import record as record_history
+from integration.chaos.history import write as write_history
 from integration.regions.evidence import Fault, kill_tree
 from integration.regions.world import (
     SINKS,
@@ -449,6 +452,12 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
                 f"{date}: no try of {fault.region}'s task FAILED with a fencing reason (last "
                 f"state {world.task_states(runs)[date].get(fault.region)})"
             )
+    # The history of the trial, and the checker's verdict from it alone (integration/chaos/
+    # history.py): a second opinion beside the report's rules, kept with the trial.
+    events = _history(world, history, date, outcome)
+    violations = check_history(events)
+    for violation in violations:
+        report.problems.append(f"history: {violation}")
     result = {
         "scenario": scenario,
         "trial": n,
@@ -469,12 +478,33 @@ def run_trial(world: World, scenario: str, n: int, date: str, out: Path,
         "table_versions": outcome.table_versions,
         "seconds": round(time.time() - began, 1),
         "report": report.to_json(),
+        "history_violations": violations,
     }
     name = f"{scenario}-{n:03d}"
+    write_history(events, out / f"{name}.history.jsonl")
     (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
     draw_timeline(report, world.observer, history, list(world.settings.regions),  # type: ignore[arg-type]
                   out / f"{name}.png", title=f"{scenario} #{n}", fences=fences)
     return result
+
+
+def _history(world: World, ledger: Sequence[Any], date: str,
+             outcome: Any) -> list[dict[str, Any]]:
+    """The trial's events: the role's ledger, the Spark executions seen, the table's commits."""
+    from integration.regions.evidence import paused_seconds
+    from integration.regions.world import ROLE
+
+    observer = world.observer
+    assert observer is not None
+    table = str(world.table) if world.settings.sink == "delta" else "output"
+    commits = [(table, date, version, token) for version, token in outcome.table_versions]
+    role = ROLE.format(date=date)
+    return record_history(
+        ledger=[r for r in ledger if r.role == role],
+        executions=[s for s in observer.executions if s.date == date],
+        role_of={date: role}, run_key_of=run_key_of,
+        paused=lambda region, start, end: paused_seconds(observer.faults, region, start, end),
+        commits=commits, faults=[f for f in observer.faults if f.date == date])
 
 
 def load_results(out: Path) -> list[dict[str, Any]]:
@@ -552,6 +582,10 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "running_p99_s": percentile(running, 99),
             "running_measured": len(running),
             "trial_p50_s": round(statistics.median(r["seconds"] for r in rows), 1),
+            # trials written before the history checker have no verdict: not counted as 0
+            "history_violations": (
+                sum(len(r["history_violations"]) for r in rows if "history_violations" in r)
+                if any("history_violations" in r for r in rows) else None),
         }
     return table
 
@@ -560,7 +594,7 @@ def markdown(table: dict[str, dict[str, Any]], header: str) -> str:
     cols = ["trials", "faults_injected", "window_missed", "duplicates", "lost", "fenced",
             "errors",
             "takeover_p50_s", "takeover_p99_s", "running_p50_s", "running_p99_s",
-            "trial_p50_s"]
+            "trial_p50_s", "history_violations"]
     lines = [header, "", "| scenario | " + " | ".join(cols) + " |",
              "|---|" + "---|" * len(cols)]
     for scenario, row in table.items():

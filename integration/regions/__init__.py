@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from integration.regions.world import Settings, World, log_to_file, remove_workdir
 
     args = _parser().parse_args(argv)
-    console = Console()
+    console = Console(log_path=False)  # the time, then our line: no source-file column
     if not console.is_terminal:  # piped or logged: wide enough for every column, not 80
         console.width = 160
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="neli-demo-"))
@@ -103,8 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             for region in world.regions or []:
                 console.log(f"{region.name} is up: {region.api_url}")
-        report, history, runs = _run(world, console, kill=not args.no_kill,
-                                     timeout=args.timeout)
+        report, history, runs, asset_events = _run(world, console, kill=not args.no_kill,
+                                                   timeout=args.timeout)
         args.output_dir.mkdir(parents=True, exist_ok=True)
         png = args.output_dir / "neli-demo-timeline.png"
         from integration.regions.timeline import draw_timeline
@@ -122,7 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["regions"] = {r.name: r.api_url for r in world.regions or []}
         data["leadership"] = [vars(s) for s in world.observer.leadership]
         data["executions"] = [vars(s) for s in world.observer.executions]
-        asset_events = world.asset_events(list(DATES))
         data["asset_events"] = asset_events
         (args.output_dir / "neli-demo-report.json").write_text(json.dumps(data, indent=2))
         _print_result(console, world, report, png, time.monotonic() - began, asset_events)
@@ -168,8 +167,19 @@ def _run(world, console, *, kill: bool, timeout: float):  # type: ignore[no-unty
                 console.log("[red]runs did not finish in time[/]")
                 break
             time.sleep(1.0)
-    report, history = world.assess(dates, runs)
-    return report, history, runs
+        report, history = world.assess(dates, runs)
+        events = world.asset_events(dates)
+        # The last frame says how each date ended, not who leads (nobody does any more).
+        live.update(_status_table(world, runs, dates, killed, report=report, events=events))
+    console.print(_LEGEND)
+    return report, history, runs, events
+
+
+_LEGEND = (
+    "[dim]skipped: the gate found the date claimed or done in the other region; "
+    "success (proxy): the region's own try ran into the other region's completion and "
+    "recorded the date's asset event by proxy instead of running it[/]"
+)
 
 
 def _all_done(world, runs) -> bool:  # type: ignore[no-untyped-def]
@@ -188,16 +198,20 @@ _STYLE = {"success": "green", "running": "yellow", "deferred": "cyan", "skipped"
           "failed": "red", "up_for_retry": "magenta", "queued": "blue", "scheduled": "blue"}
 
 
-def _status_table(world, runs, dates, killed):  # type: ignore[no-untyped-def]
+def _status_table(world, runs, dates, killed, report=None,  # type: ignore[no-untyped-def]
+                  events=None):
+    """The live table; with ``report`` and ``events`` (the runs ended), the last frame, whose
+    last column is where each date ran instead of who leads now."""
     from rich.table import Table
 
     from integration.regions.world import DAG_ID
 
+    outcomes = {o.date: o for o in report.dates} if report is not None else {}
     table = Table(title="runs (gate → Spark job → report)", expand=False)
     table.add_column("date")
     for name in runs:
         table.add_column(name)
-    table.add_column("leader now")
+    table.add_column("outcome" if report is not None else "leader now")
     for date in dates:
         cells = []
         for name, by_date in runs.items():
@@ -209,12 +223,23 @@ def _status_table(world, runs, dates, killed):  # type: ignore[no-untyped-def]
             parts = []
             for task in ("claim_run", "daily_performance", "report"):
                 state = (tis.get(task) or {}).get("state") or "none"
-                parts.append(f"[{_STYLE.get(state, 'white')}]{state}[/]")
+                text = f"[{_STYLE.get(state, 'white')}]{state}[/]"
+                neli = ((events or {}).get(date) or {}).get(name)
+                if task == "daily_performance" and state == "success" and neli and neli.get(
+                        "proxy"):
+                    text += " (proxy)"
+                parts.append(text)
             cells.append(" → ".join(parts))
-        leader = world.observer.leader_of(date) or ""
+        outcome = outcomes.get(date)
+        if report is None:
+            last = world.observer.leader_of(date) or "-"
+        elif outcome is not None and outcome.ran_in:
+            last = f"ran in {outcome.ran_in} (token {outcome.token})"
+        else:
+            last = "[red]not run[/]"
         if killed is not None and killed.date == date:
-            leader += f"  [red](killed in {killed.region})[/]"
-        table.add_row(date, *cells, leader)
+            last += f"  [red](killed in {killed.region})[/]"
+        table.add_row(date, *cells, last)
     return table
 
 

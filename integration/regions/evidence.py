@@ -391,7 +391,7 @@ def check_table(date: str, state: TableState, completed: int | None,
     return problems
 
 
-def _paused(fault_list: Iterable[Fault], region: str, start: float, end: float) -> float:
+def paused_seconds(fault_list: Iterable[Fault], region: str, start: float, end: float) -> float:
     """Seconds of [start, end] during which ``region``'s work was frozen by a SIGSTOP fault."""
     total = 0.0
     for fault in fault_list:
@@ -459,8 +459,8 @@ def assess(
                 if end <= start:
                     continue
                 live = (end - start) - max(
-                    _paused(observer.faults, first.region, start, end),
-                    _paused(observer.faults, second.region, start, end),
+                    paused_seconds(observer.faults, first.region, start, end),
+                    paused_seconds(observer.faults, second.region, start, end),
                 )
                 if live > fence_allowance:
                     overlaps.append(

@@ -133,7 +133,6 @@ class World:
         self.table = self.output / "nycflights_daily_delta"
         self.spark_cluster: Any = None  # a LocalSparkCluster (spark_master="local-cluster")
         self.spark_master = "local[*]"
-        self._table_session: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -309,9 +308,6 @@ class World:
             # The world ends: nothing is measured any more, so a short SIGTERM grace (a
             # rolling restart's own stop keeps the operator's 20 s, restart_region)
             self.regions.stop(timeout=END_GRACE)
-        if self._table_session is not None:
-            self._table_session.stop()
-            self._table_session = None
         if self.spark_cluster is not None:
             self.spark_cluster.stop()
             self.spark_cluster = None
@@ -465,39 +461,39 @@ class World:
                 return str(meta.get("neli.deployment")), int(meta["neli.token"])
         return None
 
-    def table_session(self) -> Any:
-        """A local SparkSession in this process that reads Delta tables (started once)."""
-        if self._table_session is None:
-            from neli_orchestrate.testing.table_jars import local_table_session
-
-            self._table_session = local_table_session(
-                self.workdir / "warehouse", app_name="neli demo: Delta history", cores=1
-            )
-            self._table_session.sparkContext.setLogLevel("ERROR")  # keep the console readable
-        return self._table_session
-
     def table_state(self, date: str) -> TableState:
-        """The date's commits in the Delta table's own history (:func:`delta_history`) and the
-        rows the table holds for it now."""
-        from neli_orchestrate.spark.delta import delta_history
+        """The date's commits in the Delta table's own history and the rows the table holds for
+        it now, read with delta-rs: no JVM in the demo's process (its log lines would land
+        between the demo's tables)."""
+        import datetime
 
-        spark = self.table_session()
-        path = str(self.table)
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
+        from deltalake import DeltaTable
+
         if not (self.table / "_delta_log").is_dir():
             return TableState(commits=[])
-        history = delta_history(spark, path)
-        commits = [(h["version"], h["token"]) for h in history if h["run_key"] == date]
+        table = DeltaTable(str(self.table))
+        commits: list[tuple[int, int | None]] = []
+        written: Any = None
+        for commit in sorted(table.history(), key=lambda c: int(c["version"])):
+            try:
+                meta = json.loads(commit.get("userMetadata") or "{}")
+            except ValueError:
+                continue
+            if not isinstance(meta, dict) or meta.get("neli.run_key") != date:
+                continue
+            token = meta.get("neli.token")
+            commits.append((int(commit["version"]), None if token is None else int(token)))
+            written = (commit.get("operationMetrics") or {}).get("numOutputRows")
         if not commits:
             return TableState(commits=[])
-        metrics = spark.sql(
-            f"DESCRIBE HISTORY delta.`{path}`"
-        ).where(f"version = {commits[-1][0]}").select("operationMetrics").first()
-        written = (metrics["operationMetrics"] or {}).get("numOutputRows") if metrics else None
-        rows = spark.read.format("delta").load(path).where(f"date = DATE '{date}'")
+        day = datetime.date.fromisoformat(date)
+        rows = table.to_pyarrow_dataset().to_table(
+            columns=["carrier", "origin"], filter=pc.field("date") == day)
         return TableState(
             commits=commits,
-            rows=rows.count(),
-            distinct_rows=rows.select("carrier", "origin").distinct().count(),
+            rows=rows.num_rows,
+            distinct_rows=rows.group_by(["carrier", "origin"]).aggregate([]).num_rows,
             written_rows=int(written) if written is not None else None,
         )
 

@@ -21,6 +21,7 @@ import sys
 
 import click
 
+from neli_orchestrate import __version__
 from neli_orchestrate.cli.doctor import doctor
 from neli_orchestrate.cli.kafka import kafka
 from neli_orchestrate.cli.ledger import ledger
@@ -33,6 +34,8 @@ __all__: list[str] = []
 
 
 @click.group(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="neli-orchestrate",
+                      message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", count=True,
               help="log at INFO (-v) or DEBUG (-vv), librdkafka included")
 def cli(verbose: int) -> None:

@@ -139,15 +139,12 @@ class _Doctor:
     def kip848(self) -> None:
         r = self.neli.resolved
         self.protocol, why = choose_group_protocol(self.broker, r)
+        # One row: which protocol members use and why (the reason names the broker's support).
         self.add("kip-848", OK, f"members use the {self.protocol} group protocol: {why}")
         if self.broker is None:
             return
         protocols = self.broker.get("group.coordinator.rebalance.protocols", "classic")
-        supported = "consumer" in [p.strip() for p in protocols.split(",")]
-        if supported:
-            self.add("kip-848", OK, f"the broker supports group.protocol=consumer (KIP-848): "
-                     f"group.coordinator.rebalance.protocols={protocols}")
-        else:
+        if "consumer" not in [p.strip() for p in protocols.split(",")]:
             level = ERROR if self.protocol == "consumer" else WARNING
             self.add("kip-848", level,
                      f"the broker does not offer the KIP-848 protocol "
@@ -226,16 +223,39 @@ class _Doctor:
                          f"grant DESCRIBE, READ and WRITE on topic {topic!r}")
                 continue
             if meta is None or code or not meta.partitions:
-                self.add("topics", WARNING, f"{what} {topic!r} does not exist yet",
-                         f"it is created on first use (needs CREATE on topic {topic!r}); or "
-                         f"create it yourself" + (" with cleanup.policy=compact"
-                                                  if topic == names.ledger_topic else ""))
+                self._missing_topic(topic, what)
                 continue
             found[topic] = len(meta.partitions)
             self.add("acl", OK, f"DESCRIBE on {what} {topic!r} allowed")
             if topic == names.ledger_topic:
                 self._ledger_topic(topic, meta)
         return found
+
+    def _missing_topic(self, topic: str, what: str) -> None:
+        """A topic not created yet is fine when this principal may create it: tried, not
+        guessed (a validate-only CreateTopics checks the ACL and the settings, creates nothing)."""
+        ck = _ck()
+        t = self.target
+        compact = " with cleanup.policy=compact" if topic == self.names.ledger_topic else ""
+        new = ck.admin.NewTopic(topic, 1, replication_factor=-1)
+        try:
+            self.admin.create_topics([new], operation_timeout=t.timeout, validate_only=True)[
+                topic].result(timeout=t.timeout + 5)
+        except ck.KafkaException as exc:
+            code = _code(exc)
+            if "ALREADY_EXISTS" in code:  # created meanwhile by a member
+                self.add("topics", OK, f"{what} {topic!r} exists (created just now)")
+            elif "AUTHORIZATION" in code:
+                self.add("acl", ERROR, f"{what} {topic!r} does not exist and CREATE on it is "
+                         f"denied ({code})", f"create it yourself{compact}, or grant CREATE on "
+                         f"topic {topic!r}")
+            else:
+                self.add("topics", WARNING, f"{what} {topic!r} does not exist yet, and a "
+                         f"validate-only create failed ({code or exc})",
+                         f"create it yourself{compact}")
+            return
+        self.add("topics", OK, f"{what} {topic!r} does not exist yet: the first member creates "
+                 "it (CREATE allowed, tried with a validate-only request)")
 
     def _ledger_topic(self, topic: str, meta: Any) -> None:
         settings = describe_config(self.admin, "TOPIC", topic, self.target.timeout)

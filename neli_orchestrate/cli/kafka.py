@@ -47,6 +47,15 @@ def _running(state_dir: Path) -> dict[str, object] | None:
     return None
 
 
+#: Over the test broker's settings (fast groups on one node): the KIP-848 session and
+#: heartbeat a stock broker has, so that what works here works against a real cluster, and
+#: `neli-orchestrate doctor` passes on it (a group whose settings cannot be written falls back to
+#: the broker's session, which must fit the default profile's heartbeat timeout).
+DEVELOPMENT_BROKER = {
+    "group.consumer.session.timeout.ms": "45000",
+    "group.consumer.heartbeat.interval.ms": "5000",
+}
+
 state_dir_option = click.option(
     "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
     help="where the pid/state file and broker data live "
@@ -76,7 +85,7 @@ def start(state_dir: Path | None, timeout: float, background: bool, port: int | 
         return 0
     workdir = directory / "broker"
     broker = LocalKafka(workdir=workdir, port=port, die_with_parent=not background,
-                        version=version)
+                        version=version, properties=DEVELOPMENT_BROKER)
     try:
         with progress(f"starting Kafka {version} (first start fetches jars with Maven)"):
             broker.start(timeout=timeout)

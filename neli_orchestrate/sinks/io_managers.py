@@ -36,15 +36,16 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from neli_orchestrate.errors import FencedError, StaleTokenError
 
-if TYPE_CHECKING:
-    from neli_orchestrate.dagster.run import NeliRun
+#: The step's ``neli_orchestrate.dagster.NeliRun`` (typed loosely: the sinks sit below the
+#: front doors and import nothing from them).
+NeliRun = Any
 
 logger = logging.getLogger(__name__)
 

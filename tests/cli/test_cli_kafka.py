@@ -52,6 +52,14 @@ def test_kafka_start_background_prints_usable_address_and_stop_leaves_no_java(tm
                                 timeout=30)
         assert status.returncode == 0 and bootstrap in status.stdout
         assert _java_pids_using(state)
+
+        # the development broker is one `doctor` passes cleanly: no error, no warning
+        doctor = subprocess.run(CLI + ["doctor", "-b", bootstrap, "-n", "firsthour", "--json"],
+                                capture_output=True, text=True, timeout=120)
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        findings = json.loads(doctor.stdout)["findings"]
+        assert [f for f in findings if f["level"] != "ok"] == [], findings
+        assert [f["check"] for f in findings].count("kip-848") == 1, findings
     finally:
         stopped = subprocess.run(CLI + ["kafka", "stop", *args], capture_output=True, text=True,
                                  timeout=60)

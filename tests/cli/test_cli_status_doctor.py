@@ -131,3 +131,18 @@ def test_there_is_no_default_namespace(monkeypatch) -> None:
     monkeypatch.delenv("NELI_NAMESPACE", raising=False)
     out = cli("ledger", "list")
     assert out.code == 2 and "--namespace" in out.stderr
+
+
+def test_version_names_the_installed_release() -> None:
+    from neli_orchestrate import __version__
+
+    for flag in ("--version", "-V"):
+        out = cli(flag)
+        assert out.code == 0 and out.stdout.strip() == f"neli-orchestrate {__version__}", out
+
+
+def test_help_texts_speak_the_command_line_not_python() -> None:
+    for command in (["status"], ["ledger", "list"], ["ledger", "history"], ["doctor"], ["run"],
+                    ["kafka", "start"]):
+        out = cli(*command, "--help")
+        assert out.code == 0 and "None" not in out.stdout, (command, out.stdout)

@@ -9,6 +9,7 @@ in ``tests/packaging`` output for the CI budget.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,13 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: dict[str, Pat
         f"neli_orchestrate-{__version__}.dist-info/METADATA").decode()
     assert f"Version: {__version__}" in metadata
     assert "Provides-Extra: airflow" in metadata and "Provides-Extra: dagster" in metadata
+    # The description is the wheel's own (DESCRIPTION.md), not the repository's front page:
+    # no repository commands, no relative links, and the install line names this release.
+    description = metadata.partition("\n\n")[2]
+    assert description.startswith("# neli-orchestrate"), description[:200]
+    assert "./demo" not in description and ".ci/run" not in description
+    assert not re.findall(r"\]\((?!https?://)", description), "relative link in the description"
+    assert f"neli_orchestrate-{__version__}-py3-none-any.whl" in description
     entry_points = zipfile.ZipFile(dist["wheel"]).read(
         f"neli_orchestrate-{__version__}.dist-info/entry_points.txt").decode()
     assert "neli-orchestrate = neli_orchestrate.cli:main" in entry_points

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from integration.chaos.history import check, load
+
 pytestmark = [pytest.mark.airflow, pytest.mark.kafka, pytest.mark.spark]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,3 +47,12 @@ def test_kill_9_mid_job_is_taken_over_without_duplicates_or_loss(
     # its claim (read from the job's start line in the Spark task's log)
     assert trial["running_seconds"] and trial["running_seconds"][0] > trial["takeover_seconds"][0]
     assert (latest / "kill-mid-job-001.png").read_bytes()[:4] == b"\x89PNG"
+    # the trial's history, checked from the file alone (integration/chaos/history.py): the
+    # claims of the kill and the take-over, both Spark executions, the table's commit
+    assert trial["history_violations"] == [], trial["history_violations"]
+    events = load(latest / "kill-mid-job-001.history.jsonl")
+    tokens = {e["token"] for e in events if e["kind"] == "ledger"}
+    assert len(tokens) >= 2, events  # the killed claim and the take-over's
+    assert {e["token"] for e in events if e["kind"] == "process"} <= tokens, events
+    assert [e for e in events if e["kind"] == "commit"], events
+    assert check(events) == []

@@ -1,0 +1,201 @@
+"""A delaying TCP proxy: latency between "regions" on one machine, whose kernel has no netem.
+
+Usage::
+
+    with DelayProxy(upstream=("127.0.0.1", 9092), one_way=0.015, jitter=0.002) as proxy:
+        proxy.port              # clients connect here; bytes reach upstream 15 ms (±2) later
+        proxy.set_delay(0.030)  # change it while connections are open
+        proxy.requests          # Kafka requests seen from clients, by API key
+
+Every chunk read from one side is written to the other ``one_way`` (plus a uniform jitter of at
+most ``jitter``) seconds after it was read, in order: each direction is one FIFO, so a chunk
+whose jitter is smaller still waits for the one before it and a TCP stream is never
+reordered. A round trip through the proxy therefore costs ``2 × one_way`` more than without
+it. Bandwidth is not limited. The client-to-upstream direction is also parsed as Kafka
+request frames (a 4-byte length, then the request whose first two bytes are the API key), so
+a benchmark can count the requests one operation makes (``requests``, ``reset_counts``).
+
+Harness code (integration/, not the wheel): one asyncio loop in a daemon thread; loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import struct
+import threading
+import time
+from typing import Any
+
+__all__ = ["DelayProxy", "KAFKA_API_NAMES"]
+
+#: Names of the Kafka API keys a client of this package sends (for the benchmark's tables).
+KAFKA_API_NAMES = {
+    0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
+    9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat",
+    13: "LeaveGroup", 14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups",
+    18: "ApiVersions", 19: "CreateTopics", 22: "InitProducerId", 24: "AddPartitionsToTxn",
+    25: "AddOffsetsToTxn", 26: "EndTxn", 28: "TxnOffsetCommit", 32: "DescribeConfigs",
+    33: "AlterConfigs", 36: "SaslHandshake", 44: "IncrementalAlterConfigs",
+    60: "DescribeCluster", 68: "ConsumerGroupHeartbeat", 69: "ConsumerGroupDescribe",
+    75: "DescribeTopicPartitions",
+}
+
+
+class DelayProxy:
+    """Forward ``127.0.0.1:port`` to ``upstream`` with a one-way delay in each direction."""
+
+    def __init__(self, upstream: tuple[str, int], *, one_way: float = 0.0, jitter: float = 0.0,
+                 port: int = 0, seed: int | None = None) -> None:
+        if one_way < 0 or jitter < 0:
+            raise ValueError(f"delays must be >= 0, not one_way={one_way} jitter={jitter}")
+        self.upstream = upstream
+        self.one_way = one_way
+        self.jitter = jitter
+        self._want_port = port
+        self.port = 0
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self._counts: collections.Counter[int] = collections.Counter()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="delay-proxy",
+                                        daemon=True)
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    # -- control (any thread) ----------------------------------------------------------------
+
+    def start(self) -> DelayProxy:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
+        self.port = future.result(timeout=10)
+        return self
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def set_delay(self, one_way: float, jitter: float | None = None) -> None:
+        """Change the delay; it applies to every chunk read from now on."""
+        if one_way < 0 or (jitter is not None and jitter < 0):
+            raise ValueError("delays must be >= 0")
+        self.one_way = one_way
+        if jitter is not None:
+            self.jitter = jitter
+
+    @property
+    def requests(self) -> dict[int, int]:
+        """Kafka requests clients sent through the proxy since the last reset, by API key."""
+        with self._lock:
+            return dict(self._counts)
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+    def __enter__(self) -> DelayProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _listen(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self._want_port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        tasks = [t for t in asyncio.all_tasks(self._loop) if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            up_r, up_w = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.update((client_w, up_w))
+        frames = _FrameCounter(self._count)
+        try:
+            await asyncio.gather(self._pump(client_r, up_w, frames.feed),
+                                 self._pump(up_r, client_w, None))
+        finally:
+            for writer in (client_w, up_w):
+                self._writers.discard(writer)
+                writer.close()
+
+    def _count(self, api_key: int) -> None:
+        with self._lock:
+            self._counts[api_key] += 1
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    inspect: Any) -> None:
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    writer.close()
+                    return
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                try:
+                    writer.write(data)
+                    await writer.drain()
+                except ConnectionError:  # the other side went away: so does this direction
+                    return
+
+        sender = asyncio.create_task(deliver())
+        try:
+            while True:
+                data = await reader.read(65536)
+                if inspect is not None and data:
+                    inspect(data)
+                delay = self.one_way + (self._random.uniform(0, self.jitter)
+                                        if self.jitter else 0.0)
+                # one FIFO per direction: a chunk due earlier still waits for the one before
+                queue.put_nowait((time.monotonic() + delay, data))
+                if not data:
+                    break
+            await sender
+        except (ConnectionError, asyncio.CancelledError):
+            sender.cancel()
+            raise
+
+
+class _FrameCounter:
+    """Splits a client's byte stream into Kafka request frames and reports each API key."""
+
+    def __init__(self, report: Any) -> None:
+        self._report = report
+        self._buffer = bytearray()
+        self._need: int | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while True:
+            if self._need is None:
+                if len(self._buffer) < 4:
+                    return
+                (self._need,) = struct.unpack(">i", self._buffer[:4])
+                del self._buffer[:4]
+            if len(self._buffer) < self._need:
+                return
+            frame = bytes(self._buffer[: self._need])
+            del self._buffer[: self._need]
+            self._need = None
+            if len(frame) >= 2:
+                self._report(struct.unpack(">h", frame[:2])[0])
