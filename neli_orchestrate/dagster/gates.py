@@ -23,6 +23,7 @@ from neli_orchestrate.dagster.resource import NeliResource, _describe, _record_s
 from neli_orchestrate.dagster.run import NeliRun, default_run_key
 from neli_orchestrate.decision import skipped_by_work
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.sinks.io_managers import OutputRefused, claim_for_outputs
 
 GATE_OUTPUT = "claimed"
 
@@ -173,29 +174,59 @@ def singleton_asset(
             )
 
         def compute(context, **kwargs):  # type: ignore[no-untyped-def]
+            # The block runs in its own generator so that an IO manager that refuses the
+            # output can end it at once (claim_for_outputs' ``end``), before the step fails:
+            # the ledger then records FAILED (or nothing, when fenced) and leadership is
+            # released now, not whenever Dagster's abandoned generator is collected.
+            itself: list[Any] = []
+            body = _body(context, kwargs, itself)
+            itself.append(body)
+            yield from body
+
+        def _body(context, kwargs, itself):  # type: ignore[no-untyped-def]
             neli: NeliResource = (
                 kwargs[resource_key] if user_takes_resource else kwargs.pop(resource_key)
             )
             name = role(context) if callable(role) else role
             key = run_key(context) if callable(run_key) else run_key
-            with neli.singleton(context, role=name, run_key=key) as run:
-                if not run.should_run:
-                    if run.skipped_by_task:
-                        # The work skipped itself where it ran: nothing to materialize; an
-                        # observation says so and the downstream assets are skipped, as there.
-                        _record_skip(context, run, materialize=False)
-                    elif materialize_by_proxy:
-                        # Catalog sees the data here too; downstream steps of this run execute.
-                        yield run.materialize_by_proxy()
-                    else:
-                        _record_skip(context, run, materialize=False)
-                    return
-                result = func(context, run, **kwargs)
-                # Work that ignored a fence must not reach the IO manager; and the output is
-                # emitted inside the block, so the IO manager stores it while this deployment
-                # still holds the role, before COMPLETED is recorded.
-                run.check()
-                yield _with_run_metadata(result, run)
+            refused: list[OutputRefused] = []
+            try:
+                with neli.singleton(context, role=name, run_key=key) as run:
+                    if not run.should_run:
+                        if run.skipped_by_task:
+                            # The work skipped itself where it ran: nothing to materialize; an
+                            # observation says so and the downstream assets are skipped, as
+                            # there.
+                            _record_skip(context, run, materialize=False)
+                        elif materialize_by_proxy:
+                            # Catalog sees the data here too; downstream steps of this run
+                            # execute.
+                            yield run.materialize_by_proxy()
+                        else:
+                            _record_skip(context, run, materialize=False)
+                        return
+                    result = func(context, run, **kwargs)
+                    # Work that ignored a fence must not reach the IO manager; and the output
+                    # is emitted inside the block, so the IO manager stores it while this
+                    # deployment still holds the role, before COMPLETED is recorded.
+                    run.check()
+                    # The token-checked IO managers (NeliDeltaIOManager, NeliIcebergIOManager)
+                    # find the claim here.
+                    with claim_for_outputs(context, run, end=lambda: itself[0].close()) as claim:
+                        try:
+                            yield _with_run_metadata(result, run)
+                        except GeneratorExit:
+                            if claim.refused is None:
+                                raise
+                            # The IO manager refused the output and fails the step. End the
+                            # block with its reason: FAILED (or nothing, when fenced), never
+                            # COMPLETED.
+                            refused.append(OutputRefused(claim.refused))
+                            raise refused[-1] from None
+            except BaseException:
+                if refused:
+                    return  # the step fails with the IO manager's message
+                raise
 
         # Name, module and docs from the user's function (Dagster resolves string annotations
         # against __module__); the signature minus ``run``, plus the resource if needed.

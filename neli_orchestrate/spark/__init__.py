@@ -19,11 +19,11 @@ Importing this package does not import pyspark.
 
 from __future__ import annotations
 
-from neli_orchestrate.spark.commit import TokenCommitGuard
+from neli_orchestrate.sinks.delta import write_delta_fenced
+from neli_orchestrate.sinks.directory import TokenCommitGuard
+from neli_orchestrate.sinks.iceberg import write_iceberg_fenced
+from neli_orchestrate.sinks.parquet import write_parquet_fenced
 from neli_orchestrate.spark.conf import cancel_on_fence, neli_spark_conf, read_neli_conf
-from neli_orchestrate.spark.dataframe import write_parquet_fenced
-from neli_orchestrate.spark.delta import write_delta_fenced
-from neli_orchestrate.spark.iceberg import write_iceberg_fenced
 
 __all__ = [
     "TokenCommitGuard",

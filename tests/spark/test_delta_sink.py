@@ -9,7 +9,7 @@ import logging
 import pytest
 from sink_cases import DATE, OTHER_DATE, Background, Gate, frame, rows
 
-from neli_orchestrate.errors import StaleTokenError
+from neli_orchestrate.errors import ConfigError, StaleTokenError
 from neli_orchestrate.spark.delta import (
     committed_token,
     delta_app_id,
@@ -77,7 +77,7 @@ def lost_races(caplog):
 
 
 def test_concurrent_commits_lower_token_raises_and_higher_wins(spark, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="neli_orchestrate.spark.delta")
+    caplog.set_level(logging.INFO, logger="neli_orchestrate.sinks.delta")
     path = str(tmp_path / "daily")
     write_delta_fenced(frame(spark, rows("other-day", 1, OTHER_DATE)), path, OTHER_DATE, 1,
                        role=ROLE)
@@ -103,7 +103,7 @@ def test_concurrent_commits_lower_token_raises_and_higher_wins(spark, tmp_path, 
 
 
 def test_concurrent_commits_higher_token_retries_after_lower_commits(spark, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="neli_orchestrate.spark.delta")
+    caplog.set_level(logging.INFO, logger="neli_orchestrate.sinks.delta")
     path = str(tmp_path / "daily")
     write_delta_fenced(frame(spark, rows("other-day", 1, OTHER_DATE)), path, OTHER_DATE, 1,
                        role=ROLE)
@@ -142,4 +142,67 @@ def test_same_token_twice_is_an_idempotent_no_op(spark, tmp_path):
 
     assert first.committed and not again.committed
     assert again.version == first.version
+    assert table_rows(spark, path) == sorted(rows("owner", 2))
+
+
+# -- first write, several partitions, maintenance ---------------------------------------------
+
+OTHER_ROLE = "hourly_flights"
+
+
+def test_zombie_held_in_its_first_write_before_the_table_existed_is_refused(spark, tmp_path):
+    # No table yet: the zombie checks (nothing recorded) and is held inside its write job; the
+    # owner creates the table with its token and another role writes its partition. Delta's
+    # put-if-absent of version 0 fails the zombie's commit; the retry sees the owner's token.
+    path = str(tmp_path / "daily")
+    gate = Gate(tmp_path, "zombie")
+    zombie = Background(lambda: write(spark, path, rows("zombie", 3), ZOMBIE, gate))
+    gate.wait_started(zombie)
+    write(spark, path, rows("owner", 2), OWNER)
+    write_delta_fenced(frame(spark, rows("other-role", 2, OTHER_DATE)), path, OTHER_DATE, 3,
+                       role=OTHER_ROLE)
+    gate.release()
+    zombie.join()
+
+    assert isinstance(zombie.error, StaleTokenError), zombie.error
+    assert (zombie.error.token, zombie.error.committed) == (ZOMBIE, OWNER)
+    assert table_rows(spark, path) == sorted(rows("owner", 2))
+    assert table_rows(spark, path, OTHER_DATE) == sorted(rows("other-role", 2, OTHER_DATE))
+
+
+def test_one_token_several_partitions_maintenance_and_retention(spark, tmp_path):
+    path = str(tmp_path / "daily")
+    first = write(spark, path, rows("owner", 2), OWNER)
+    second = write_delta_fenced(frame(spark, rows("owner", 3, OTHER_DATE)), path, DATE, OWNER,
+                                role=ROLE, partition_value=OTHER_DATE)
+    assert first.committed and second.committed  # one token, two partitions, both land
+    assert table_rows(spark, path, OTHER_DATE) == sorted(rows("owner", 3, OTHER_DATE))
+    with pytest.raises(ConfigError, match="role"):
+        write_delta_fenced(frame(spark, rows("x", 1)), path, DATE, 9)
+
+    # Compaction and vacuum (Spark's OPTIMIZE, then VACUUM with no retention) keep the token.
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    spark.sql(f"OPTIMIZE delta.`{path}`")
+    spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS")
+    for date, partition in ((DATE, None), (OTHER_DATE, OTHER_DATE)):
+        with pytest.raises(StaleTokenError):
+            write_delta_fenced(frame(spark, rows("zombie", 1, date)), path, DATE, ZOMBIE,
+                               role=ROLE, partition_value=partition)
+    assert table_rows(spark, path) == sorted(rows("owner", 2))
+    # The other engine's writer (delta-rs) shares the key and is refused after Spark's
+    # compaction too.
+    import pyarrow as pa
+
+    from neli_orchestrate.sinks.delta import write_deltalake_fenced
+
+    zombie_rs = pa.table({"date": [DATE], "carrier": ["C0"], "flights": [1], "writer": ["rs"]})
+    with pytest.raises(StaleTokenError):
+        write_deltalake_fenced(zombie_rs, path, DATE, ZOMBIE, role=ROLE)
+    assert table_rows(spark, path) == sorted(rows("owner", 2))
+
+    # Transaction retention would let Delta forget the token: refused up front, by name.
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+              "('delta.setTransactionRetentionDuration' = 'interval 1 days')")
+    with pytest.raises(ConfigError, match="delta.setTransactionRetentionDuration"):
+        write(spark, path, rows("owner", 2), OWNER + 1)
     assert table_rows(spark, path) == sorted(rows("owner", 2))

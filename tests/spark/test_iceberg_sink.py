@@ -89,7 +89,7 @@ def test_owner_commits_first_then_zombie_raises_and_table_is_unchanged(spark, ta
 
 
 def test_concurrent_commits_lower_token_raises_and_higher_wins(spark, table, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="neli_orchestrate.spark.iceberg")
+    caplog.set_level(logging.INFO, logger="neli_orchestrate.sinks.iceberg")
     write(spark, table, rows("other-day", 1, OTHER_DATE), 1, run_key=OTHER_DATE)
     gate = Gate(tmp_path, "zombie")
     # The zombie reads the table (no token yet for the date) and is held inside its write job
@@ -114,7 +114,7 @@ def test_concurrent_commits_lower_token_raises_and_higher_wins(spark, table, tmp
 def test_concurrent_commits_higher_token_retries_after_lower_commits(
     spark, table, tmp_path, caplog
 ):
-    caplog.set_level(logging.INFO, logger="neli_orchestrate.spark.iceberg")
+    caplog.set_level(logging.INFO, logger="neli_orchestrate.sinks.iceberg")
     write(spark, table, rows("other-day", 1, OTHER_DATE), 1, run_key=OTHER_DATE)
     gate = Gate(tmp_path, "owner")
     owner = Background(lambda: write(spark, table, rows("owner", 2), OWNER, gate,
@@ -154,3 +154,52 @@ def test_empty_output_is_refused_unless_allowed(spark, table):
     with pytest.raises(ConfigError, match="empty DataFrame"):
         write(spark, table, [], OWNER)
     assert snapshot_ids(spark, table) == []
+
+
+# -- several partitions, snapshot maintenance, one computation --------------------------------
+
+OTHER_ROLE = "hourly_flights"
+
+
+def test_one_token_several_partitions_and_snapshot_maintenance(spark, table):
+    assert write(spark, table, rows("owner", 2), OWNER).committed
+    assert write(spark, table, rows("owner", 3, OTHER_DATE), OWNER,
+                 partition_value=OTHER_DATE).committed  # one token, two partitions, both land
+    assert table_rows(spark, table, OTHER_DATE) == sorted(rows("owner", 3, OTHER_DATE))
+    with pytest.raises(ConfigError, match="role"):
+        write_iceberg_fenced(frame(spark, rows("x", 1)), table, DATE, 9)
+
+    # An unrelated commit, compaction, then expiry of every snapshot but the last: no summary
+    # names the owner's token any more; the table property still does.
+    write_iceberg_fenced(frame(spark, rows("other-role", 1, "2013-01-07")), table, "2013-01-07",
+                         3, role=OTHER_ROLE)
+    spark.sql(f"CALL neli.system.rewrite_data_files(table => '{table[len('neli.'):]}', "
+              "options => map('min-input-files', '1'))")
+    spark.sql(f"CALL neli.system.expire_snapshots(table => '{table[len('neli.'):]}', "
+              "older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)")
+    assert tokens(spark, table) == [] and len(snapshot_ids(spark, table)) == 1
+
+    with pytest.raises(StaleTokenError) as raised:
+        write(spark, table, rows("zombie", 3), ZOMBIE)
+    assert raised.value.committed == OWNER and "table property" in str(raised.value)
+    assert table_rows(spark, table) == sorted(rows("owner", 2))
+
+
+def test_the_dataframe_is_computed_once(spark, table, tmp_path):
+    from pyspark.sql import functions as F
+
+    calls = str(tmp_path / "calls")
+
+    def counted(value):  # runs in a Python worker: count through a file, one line per row
+        with open(calls, "a") as handle:
+            handle.write("x\n")
+        return value
+
+    # A filter through the counting UDF: work the emptiness check cannot prune away (as an
+    # aggregation's would not be).
+    df = frame(spark, rows("owner", 3)).where(
+        F.udf(counted, "string")(F.col("writer")).isNotNull())  # type: ignore[arg-type]
+    write_iceberg_fenced(df, table, DATE, OWNER, role=ROLE)
+    with open(calls) as handle:
+        assert len(handle.readlines()) == 3  # the emptiness check and the write share one pass
+    assert table_rows(spark, table) == sorted(rows("owner", 3))
