@@ -6,9 +6,9 @@ roles share one leader-topic partition, as a ``Singleton``'s roles do; deploymen
 role and deployment B stands by, every member a separate process on the ``default`` profile
 (10 s session, classic groups). Each trial kills -9 one broker: the heartbeat partition's
 leader, a follower of it, or the broker of a group's coordinator, and counts the
-``LeaderFenced`` events and the samples in which a leader of A did not lead. Before the ride-through (protocol.md, 8a) every
-trial fenced every leader (issue 31); now none may be fenced, and no two members may lead a
-role at once.
+``LeaderFenced`` events and the samples in which a leader of A did not lead. Before the
+ride-through (protocol.md, 8a) every trial fenced every leader (issue 31); now none may be
+fenced, and no two members may lead a role at once.
 
 Rerun (a 3-broker cluster: take the heavy lock)::
 
