@@ -68,7 +68,8 @@ def _replicas(cluster: LocalKafkaCluster, topic: str) -> tuple[int, list[int], l
 
 
 def _coordinator(cluster: LocalKafkaCluster, group: str) -> int:
-    (future,) = _admin(cluster).describe_consumer_groups([group]).values()
+    admin = _admin(cluster)   # kept until the answer: a collected client drops its requests
+    (future,) = admin.describe_consumer_groups([group]).values()
     return int(future.result(30).coordinator.id)
 
 

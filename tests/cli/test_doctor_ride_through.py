@@ -1,0 +1,52 @@
+"""``doctor``'s ride-through arithmetic (docs/internals/protocol.md, 8a), without a broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from neli_orchestrate.cli.doctor import OK, WARNING, ride_through_check
+from neli_orchestrate.core.config import NeliConfig
+
+KAFKA_DEFAULTS = {"broker.session.timeout.ms": "9000", "replica.lag.time.max.ms": "30000",
+                  "offsets.commit.timeout.ms": "5000"}
+
+
+def check(protocol: str, broker: dict[str, str] | None = KAFKA_DEFAULTS,
+          **settings: Any) -> tuple[str, str, str]:
+    r = NeliConfig(bootstrap_servers="x:1", group_id="g", **settings).resolved
+    return ride_through_check(r, protocol, broker)
+
+
+def test_classic_with_a_longer_session_rides_through_a_dead_broker_on_kafka_defaults() -> None:
+    level, message, fix = check("classic", session_timeout=12.0)
+    assert level == OK, message
+    assert "11.5 > 10" in message and "replica.lag.time.max.ms 30 s" in message
+    assert fix == ""
+
+
+def test_the_default_profile_is_short_of_the_worst_case_and_says_by_how_much() -> None:
+    # 9 s fencing + 0.5 s in-sync change + 0.5 s heartbeat interval = 10 s > R = 10 - 0.5
+    level, message, fix = check("classic")
+    assert level == WARNING
+    assert "9.5 <= 10" in message and "broker.session.timeout.ms 9 s" in message
+    assert "10.5 s" in fix
+
+
+@pytest.mark.parametrize(("session", "expected"), [(10.0, WARNING), (45.0, OK)])
+def test_kip_848_needs_the_heartbeat_and_the_write_timeout_on_top(session: float,
+                                                                   expected: str) -> None:
+    level, message, fix = check("consumer", session_timeout=session)
+    assert level == expected, message
+    assert "offsets.commit.timeout.ms 5 s" in message
+    if expected == WARNING:
+        assert "16.5 s" in fix and "classic" in fix
+
+
+def test_the_brokers_own_settings_are_used_when_readable() -> None:
+    fast_fencing = {**KAFKA_DEFAULTS, "broker.session.timeout.ms": "3000"}
+    level, message, _ = check("classic", fast_fencing)
+    assert level == OK and "broker.session.timeout.ms 3 s (the broker's)" in message
+    level, message, _ = check("classic", None)
+    assert level == WARNING and "Kafka's default" in message
