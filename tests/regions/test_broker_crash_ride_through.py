@@ -100,6 +100,43 @@ def _wait_in_sync(cluster: LocalKafkaCluster, topic: str) -> None:
         time.sleep(0.5)
 
 
+class _StallProbe:
+    """acks=all writes to the leader topic every 100 ms; the longest wait is the stall."""
+
+    def __init__(self, cluster: LocalKafkaCluster, topic: str) -> None:
+        import logging
+        import threading
+
+        from confluent_kafka import Producer
+
+        self.waits: list[tuple[float, float]] = []   # (sent, acknowledged)
+        self._producer = Producer({"bootstrap.servers": cluster.bootstrap_servers,
+                                   "acks": "all", "linger.ms": 0,
+                                   "message.timeout.ms": 60000,
+                                   "logger": logging.getLogger("test.librdkafka")})
+        self._topic = topic
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            self._producer.produce(
+                self._topic, b"probe", partition=0,
+                on_delivery=lambda err, _m, s=sent: err is None and self.waits.append(
+                    (s, time.monotonic())))
+            self._producer.poll(0.1)
+
+    def longest(self, since: float) -> float:
+        return max((ack - sent for sent, ack in self.waits if sent >= since), default=0.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._producer.flush(30)
+
+
 def _not_leading(member: Member, since: float, until: float) -> list[float]:
     """Sample times in [since, until] at which ``member`` did not lead a role it leads."""
     return [s["ts"] for s in member.lines("sample")
@@ -139,15 +176,18 @@ def test_one_broker_crash_fences_no_leader_whose_membership_holds(
                      members, timeout=120)
             assert all(m.leading() for m in a), [m.tail() for m in a]
             victim = _victim(cluster, kind, topic, groups)
+            probe = _StallProbe(cluster, topic)
             fenced_before = sum(len(m.events("LeaderFenced")) for m in members)
             killed_at = time.monotonic()
             cluster.kill(victim)
             time.sleep(OBSERVE)
             end = time.monotonic()
+            probe.close()
             fenced = [(m.name, e["reason"], round(e["ts"] - killed_at, 2))
                       for m in members for e in m.events("LeaderFenced")]
             row = {
                 "kind": kind, "broker": victim,
+                "stall_s": round(probe.longest(killed_at - 1), 2),
                 "leaders_fenced": len({name for name, _, _ in fenced if name.startswith("a")}),
                 "fences": len(fenced) - fenced_before, "detail": fenced,
                 "still_leading": sum(m.leading() for m in a),
@@ -165,9 +205,9 @@ def test_one_broker_crash_fences_no_leader_whose_membership_holds(
         _wait_in_sync(cluster, topic)
     record_property("ride_through", results)
     table = "\n".join(
-        f"| {r['kind']} | {r['broker']} | {r['leaders_fenced']} of {ROLES} | "
+        f"| {r['kind']} | {r['broker']} | {r['stall_s']} | {r['leaders_fenced']} of {ROLES} | "
         f"{r['not_leading_samples']} | {r['max_sample_gap_s']} |" for r in results)
-    print("\n| broker killed | node | leaders fenced | samples not leading | max sample gap s |\n"
-          "|---|---|---|---|---|\n" + table)
+    print("\n| broker killed | node | acks=all stall s | leaders fenced | samples not leading "
+          "| max sample gap s |\n|---|---|---|---|---|---|\n" + table)
     assert all(r["leaders_fenced"] == 0 and r["not_leading_samples"] == 0
                and r["still_leading"] == ROLES for r in results), table
