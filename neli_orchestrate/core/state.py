@@ -225,16 +225,6 @@ class LeadershipState:
         return self._disproved_at is not None and (
             self._membership is None or self._disproved_at >= self._membership)
 
-    def riding(self, role: Role, now: float) -> bool:
-        """True if ``role`` is led at ``now`` only thanks to the ride-through extension."""
-        with self._lock:
-            p = self.role_partition[role]
-            st = self._parts.get(p)
-            if st is None or not self._leads(role, now) or st.evidence is None:
-                return False
-            assert self._membership is not None
-            return now >= min(st.evidence, self._membership) + self.lease
-
     # -- edges ------------------------------------------------------------------------------
 
     def evaluate(self, now: float, wall: float) -> list[LeaderEvent]:
