@@ -117,19 +117,24 @@ def ride_through_check(r: ResolvedConfig, protocol: str,
     stall = fence + _ISR_CHANGE
     need = stall + r.heartbeat_interval
     source = "the broker's" if read else "Kafka's default (the broker's are unreadable)"
+    stop = (f"stop budget (session_timeout - heartbeat_timeout) / 2 = {r.stop_budget:.2f} s, "
+            f"the time the work gets to stop")
     if protocol == "classic":
-        bound = f"session_timeout {r.session_timeout:g} s - clock_error {r.clock_error:g} s"
-        wanted = need + r.clock_error
+        bound = (f"session_timeout {r.session_timeout:g} s - clock_error {r.clock_error:g} s - "
+                 f"{stop}")
+        extra = r.clock_error
     else:
         bound = (f"session_timeout {r.session_timeout:g} s - group heartbeat "
                  f"{r.group_heartbeat_interval:g} s - {COORDINATOR_WRITE_TIMEOUT_KEY} "
-                 f"{write:g} s - clock_error {r.clock_error:g} s")
-        wanted = need + r.group_heartbeat_interval + write + r.clock_error
+                 f"{write:g} s - clock_error {r.clock_error:g} s - {stop}")
+        extra = r.clock_error + r.group_heartbeat_interval + write
+    # with heartbeat_timeout derived (a third of the session): R = 2/3 session - extra
+    wanted = 1.5 * (need + extra)
     arithmetic = (f"a dead broker stalls the heartbeat partition and __consumer_offsets for up "
                   f"to broker.session.timeout.ms {fence:g} s ({source}) + {_ISR_CHANGE:g} s "
                   f"for the in-sync sets to change; a leader rides through while that plus "
                   f"heartbeat_interval {r.heartbeat_interval:g} s = {need:g} s stays below "
-                  f"the ride-through bound R = {bound} = {max(ride, 0.0):g} s")
+                  f"the ride-through bound R = {bound} = {max(ride, 0.0):.2f} s")
     if ride <= 0:
         arithmetic += f" (R would not exceed heartbeat_timeout {r.heartbeat_timeout:g} s: off)"
     lagging = (f"a follower that lives but stops fetching holds them for "
@@ -137,12 +142,14 @@ def ride_through_check(r: ResolvedConfig, protocol: str,
                + ("this bound covers too" if lag + _ISR_CHANGE + r.heartbeat_interval < ride
                   else "no leader rides through: it is fenced and leads again afterwards"))
     if ride > need:
-        return OK, f"{protocol} groups: {arithmetic}: {ride:g} > {need:g}; {lagging}", ""
-    fix = (f"raise session_timeout to at least {wanted:.1f} s (crash failover takes as long)"
-           + (", or use classic groups (group_protocol='classic'), whose bound is "
-              "session_timeout - clock_error" if protocol != "classic" else ""))
+        return OK, f"{protocol} groups: {arithmetic}: {ride:.2f} > {need:g}; {lagging}", ""
+    fix = (f"raise session_timeout above {wanted:.1f} s, heartbeat_timeout derived (crash "
+           f"failover takes as long)"
+           + (", or use classic groups (group_protocol='classic'), whose bound does not "
+              "lose the group heartbeat and the write timeout" if protocol != "classic"
+              else ""))
     return (WARNING, f"{protocol} groups: one broker's crash can fence every leader (L3 "
-            f"does not hold in the worst case): {arithmetic}: {max(ride, 0.0):g} <= {need:g}",
+            f"does not hold in the worst case): {arithmetic}: {max(ride, 0.0):.2f} <= {need:g}",
             fix)
 
 

@@ -35,7 +35,7 @@ GROUP_HB = 0.05
 CLOCK_ERROR = 0.05
 #: a leader's lease after its newest accepted commit while its evidence stalls undisproved
 #: (protocol.md, 8a; the fake broker's configuration is unreadable, so groups are classic)
-RIDE = SESSION - CLOCK_ERROR
+RIDE = SESSION - CLOCK_ERROR - (SESSION - HB_TIMEOUT) / 2
 
 
 class Recorder:

@@ -2,10 +2,11 @@
 
 A leader whose heartbeats and offset commits stall (a broker crash freezes the heartbeat
 partition's high watermark and the offsets topic's writes) keeps leading until its newest
-accepted commit A + R; for a classic group R = session - clock error, because the coordinator
-reschedules the member's session when it accepts the commit: A + R is the earliest instant it
-could remove the member, minus the clock error. Never longer, and not at all once a commit is
-rejected for a reason that is not a stall's.
+accepted commit A + R; for a classic group R = session - clock error - stop budget, because the
+coordinator reschedules the member's session when it accepts the commit: A + session is the
+earliest instant it could remove the member, and the work needs the stop budget to stop if the
+ride ends in a fence. Never longer, and not at all once a commit is rejected for a reason that
+is not a stall's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ SESSION = 10.0
 GROUP_HB = 1.0
 CLOCK_ERROR = 0.5
 LEASE = SESSION / 3                       # the default profile's heartbeat_timeout
-RIDE = SESSION - CLOCK_ERROR   # 9.5 s: classic groups (KIP-848: see the config test)
+STOP = (SESSION - LEASE) / 2   # the work's stop budget (neli-orchestrate run's grace)
+RIDE = SESSION - CLOCK_ERROR - STOP   # 6.17 s: classic groups (KIP-848: see the config test)
 WRITE_TIMEOUT = 5.0            # the broker's offsets.commit.timeout.ms
 INTERVAL = 0.5
 
@@ -80,15 +82,14 @@ def test_ride_through_is_derived_from_the_group_protocol_and_the_session() -> No
     def ride(**settings: Any) -> float:
         return NeliConfig(bootstrap_servers="x:1", group_id="g", **settings).resolved.ride_through
 
-    assert ride(group_protocol="classic") == pytest.approx(SESSION - CLOCK_ERROR)
+    assert ride(group_protocol="classic") == pytest.approx(RIDE)
+    assert ride(group_protocol="classic", session_timeout=18.0) == pytest.approx(
+        18.0 - CLOCK_ERROR - (18.0 - 6.0) / 2)
     # KIP-848: a commit does not reschedule the session; a group heartbeat's answer can be
-    # held back for the coordinator's write timeout: 10 - 1 - 5 - 0.5 = 3.5 s, hardly more
-    # than the 3.33 s lease
-    assert ride(group_protocol="consumer") == pytest.approx(
-        SESSION - GROUP_HB - WRITE_TIMEOUT - CLOCK_ERROR)
+    # held back for the coordinator's write timeout: 10 - 1 - 5 - 0.5 - 3.33 < the lease
+    assert ride(group_protocol="consumer") == 0.0
     assert ride(group_protocol="consumer", session_timeout=45.0) == pytest.approx(
-        45.0 - GROUP_HB - WRITE_TIMEOUT - CLOCK_ERROR)
-    assert ride(group_protocol="consumer", session_timeout=9.0) == 0.0   # not above the lease
+        45.0 - GROUP_HB - WRITE_TIMEOUT - CLOCK_ERROR - (45.0 - 15.0) / 2)
     assert ride() == ride(group_protocol="consumer")     # "auto" until the broker chose
     assert ride(mode="full") == 0.0
 
@@ -132,7 +133,7 @@ def test_member_cut_off_still_fences_before_anyone_could_be_assigned() -> None:
         t += 0.01
     removal_earliest = proven + SESSION     # the accepted commit rescheduled the session
     assert t == pytest.approx(proven + RIDE, abs=0.011)
-    assert t <= removal_earliest - CLOCK_ERROR + 0.011
+    assert t <= removal_earliest - CLOCK_ERROR - STOP + 0.011   # time left to stop the work
     m.evaluate(t)
     fenced = m.events[-1]
     assert isinstance(fenced, LeaderFenced)

@@ -4,11 +4,12 @@ Three KRaft brokers on Kafka's own failure handling (a dead broker is fenced aft
 then leaves the in-sync sets; :class:`LocalKafkaCluster` defaults), RF 3 and min ISR 2. Several
 roles share one leader-topic partition, as a ``Singleton``'s roles do; deployment A leads each
 role and deployment B stands by, every member a separate process on the ``default`` profile
-(10 s session, classic groups). Each trial kills -9 one broker: the heartbeat partition's
-leader, a follower of it, or the broker of a group's coordinator, and counts the
-``LeaderFenced`` events and the samples in which a leader of A did not lead. Before the
-ride-through (protocol.md, 8a) every trial fenced every leader (issue 31); now none may be
-fenced, and no two members may lead a role at once.
+with an 18 s session (classic groups): the 10 s default cannot ride through a 9 s stall and
+still leave the work its stop budget (``neli-orchestrate doctor`` prints the arithmetic).
+Each trial kills -9 one broker: the heartbeat partition's leader, a follower of it, or the
+broker of a group's coordinator, and counts the ``LeaderFenced`` events and the samples in
+which a leader of A did not lead. Before the ride-through (protocol.md, 8a) every trial fenced
+every leader (issue 31); now none may be fenced, and no two members may lead a role at once.
 
 Rerun (a 3-broker cluster: take the heavy lock)::
 
@@ -35,6 +36,8 @@ from neli_orchestrate.testing.local_kafka import LocalKafkaCluster  # noqa: E402
 pytestmark = [pytest.mark.kafka]
 
 ROLES = 3
+#: R = 18 - 0.5 - (18 - 6) / 2 = 11.5 s after the last accepted commit (protocol.md, 8a)
+SESSION = 18.0
 #: the longest stall on Kafka's defaults is ~9 s (broker.session.timeout.ms) plus the ISR change;
 #: watch well past it, so that a late fence would be seen
 OBSERVE = 16.0
@@ -161,7 +164,8 @@ def test_one_broker_crash_fences_no_leader_whose_membership_holds(
         # classic: what `auto` picks on a stock broker (whose KIP-848 minimum session is 45 s,
         # above the default profile's 10 s); the cluster fixture lowers that minimum
         base = {"bootstrap_servers": cluster.bootstrap_servers, "topic": topic,
-                "partitions": 1, "sample_interval": 0.1, "group_protocol": "classic"}
+                "partitions": 1, "sample_interval": 0.1, "group_protocol": "classic",
+                "session_timeout": SESSION}
         a = [Member(workdir, f"a{r}", group_id=g, **base) for r, g in enumerate(groups)]
         members = list(a)
         try:
