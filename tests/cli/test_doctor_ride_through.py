@@ -20,10 +20,10 @@ def check(protocol: str, broker: dict[str, str] | None = KAFKA_DEFAULTS,
 
 
 def test_classic_with_a_longer_session_rides_through_a_dead_broker_on_kafka_defaults() -> None:
-    # R = 18 - 0.5 - (18 - 6) / 2 = 11.5 s > 9 s fencing + 0.5 s in-sync change + 0.5 s
-    level, message, fix = check("classic", session_timeout=18.0)
+    # R = 24 - 0.5 - (24 - 8) / 2 = 15.5 s > 9 s fencing + 4 s until answered + 0.5 s
+    level, message, fix = check("classic", session_timeout=24.0)
     assert level == OK, message
-    assert "11.50 > 10" in message and "replica.lag.time.max.ms 30 s" in message
+    assert "15.50 > 13.5" in message and "replica.lag.time.max.ms 30 s" in message
     assert fix == ""
 
 
@@ -31,8 +31,8 @@ def test_the_default_profile_cannot_ride_through_and_says_by_how_much() -> None:
     # R = 10 - 0.5 - (10 - 3.33) / 2 = 6.17 s: the work's stop budget takes the rest
     level, message, fix = check("classic")
     assert level == WARNING
-    assert "6.17 <= 10" in message and "broker.session.timeout.ms 9 s" in message
-    assert "stop budget" in message and "15.8 s" in fix
+    assert "6.17 <= 13.5" in message and "broker.session.timeout.ms 9 s" in message
+    assert "stop budget" in message and "21.0 s" in fix
 
 
 @pytest.mark.parametrize(("session", "expected"), [(18.0, WARNING), (45.0, OK)])
@@ -42,12 +42,12 @@ def test_kip_848_needs_the_heartbeat_and_the_write_timeout_on_top(session: float
     assert level == expected, message
     assert "offsets.commit.timeout.ms 5 s" in message
     if expected == WARNING:
-        assert "24.8 s" in fix and "classic" in fix
+        assert "30.0 s" in fix and "classic" in fix
 
 
 def test_the_brokers_own_settings_are_used_when_readable() -> None:
     fast_fencing = {**KAFKA_DEFAULTS, "broker.session.timeout.ms": "3000"}
-    level, message, _ = check("classic", fast_fencing)
+    level, message, _ = check("classic", fast_fencing, session_timeout=18.0)
     assert level == OK and "broker.session.timeout.ms 3 s (the broker's)" in message
-    level, message, _ = check("classic", None)
+    level, message, _ = check("classic", None, session_timeout=18.0)
     assert level == WARNING and "Kafka's default" in message
