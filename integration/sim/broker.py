@@ -135,6 +135,8 @@ class Broker:
         self.leader_changes: list[tuple[int, int, int]] = []
         self.logs = [Log() for _ in range(partitions)]
         self.groups: dict[str, Group] = {}
+        self.stall_until = 0
+        kernel.hold_reply = self.held_until
         self.session_timeout = session_timeout
         self.rebalance_timeout = rebalance_timeout
         self.transaction_timeout = transaction_timeout
@@ -250,6 +252,24 @@ class Broker:
         self.kernel.log("broker", "forced rebalance", f"{role}: revoke {group.owner}")
         self._schedule_expiry(group)
         return True
+
+    # -- a broker's crash as the others see it: a stalled high watermark ---------------------
+
+    def stall(self, duration: int) -> None:
+        """For ``duration`` ms the group coordinator processes session heartbeats (the session
+        is renewed on receipt) but answers only afterwards, and NELI heartbeats are written but
+        cannot be read back: a dead follower holds the high watermarks of the heartbeat
+        partition and of the offsets topic until the controller drops it from the in-sync set.
+        A successor's assignment is an answer too, so it waits for the same moment."""
+        self.stall_until = max(self.stall_until, self.kernel.now + duration)
+        self.kernel.log("broker", "stall", f"high watermarks frozen for {duration} ms")
+
+    def held_until(self, fn: Any) -> int | None:
+        if self.stall_until <= self.kernel.now:
+            return None
+        if fn == self.heartbeat or fn == self.neli_heartbeat:
+            return self.stall_until
+        return None
 
     def neli_heartbeat(self, role: str, member: str) -> bool:
         """Produce-and-fetch of the member's own NELI heartbeat (the broker does not check

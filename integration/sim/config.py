@@ -34,6 +34,9 @@ MUTATIONS: dict[str, str] = {
     " (WAIT) or cannot lead in time fails and uses a try, instead of waiting as the gate does",
     "liveness_takeover_no_token": "a take-over on a GONE liveness verdict (right or wrong: the"
     " deployment may be alive) reuses the superseded claim's token instead of a new one",
+    # issue 31: the ride-through of a broker's stall without its bound (protocol.md, 8a)
+    "unbounded_ride_through": "a leader whose evidence stops keeps leading while nothing"
+    " disproves it, with no bound from its last proof of membership (a stall taken for proof)",
 }
 
 
@@ -56,6 +59,17 @@ class SimConfig:
     session_timeout: int = 1000
     session_interval: int = 200
     heartbeat_timeout: int = 500
+    #: A leader's lease after its newest acknowledged session heartbeat while its evidence
+    #: stalls (docs/internals/protocol.md, 8a): the broker resets the session when it receives
+    #: the heartbeat, so anything below session_timeout is safe for S1; the core also leaves
+    #: the work its stop budget, (session - heartbeat_timeout) / 2: 1000 - 250 = 750. At or
+    #: below heartbeat_timeout (0 included) there is no ride-through, as in the core.
+    ride_through: int = 750
+    #: Fraction of faulty schedules with a broker stall: for ``broker_stall`` ms the group
+    #: coordinator still processes heartbeats (sessions are renewed) but answers nothing, and
+    #: NELI heartbeats are written but not read back (a frozen high watermark).
+    broker_stall_fraction: float = 0.3
+    broker_stall: tuple[int, int] = (100, 1200)
     rebalance_timeout: int = 2500
     barrier_deadline: int = 1500
     transaction_timeout: int = 3000
@@ -112,6 +126,12 @@ class SimConfig:
                 f" heartbeat_timeout + 3*max_delay = {barrier} must be below rebalance_timeout"
                 f" = {self.rebalance_timeout} (the revoke barrier must end before the"
                 " coordinator kicks the member)"
+            )
+        if not self.ride_through < self.session_timeout:
+            raise ConfigError(
+                f"timing assumption broken: ride_through = {self.ride_through} must be below"
+                f" session_timeout = {self.session_timeout} (the extended lease must end"
+                " before the coordinator can expire the member)"
             )
         if not self.session_interval + 2 * self.max_delay < self.heartbeat_timeout:
             raise ConfigError(

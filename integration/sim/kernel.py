@@ -204,6 +204,10 @@ class Kernel:
         comes back (lost on a cut, dropped if the process died, held while it is paused)."""
         self.at(self.now + self.delay(), self._send_arrive, proc, fn, args, reply, extra)
 
+    #: Set by the simulated broker: until when the answer to a request to ``fn`` is held back
+    #: (a stalled high watermark), or None.
+    hold_reply: Callable[[Callable[..., Any]], int | None] | None = None
+
     def _send_arrive(
         self, proc: Proc, fn: Callable[..., Any], args: tuple[Any, ...],
         reply: Callable[..., None], extra: tuple[Any, ...],
@@ -216,7 +220,11 @@ class Kernel:
             raise
         except Exception as error:  # noqa: BLE001 - travels back to the caller
             result, exc = None, error
-        self.at(self.now + self.delay(), self._send_reply, proc, result, exc, reply, extra)
+        when = self.now + self.delay()
+        held = self.hold_reply(fn) if self.hold_reply is not None else None
+        if held is not None and held > self.now:
+            when = held + self.delay()
+        self.at(when, self._send_reply, proc, result, exc, reply, extra)
 
     def _send_reply(
         self, proc: Proc, result: Any, exc: BaseException | None,

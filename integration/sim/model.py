@@ -108,6 +108,8 @@ class Member:
         self.lead_since: int | None = None
         self.released_at: int | None = None
         self.belief_until: int | None = None
+        #: Led at the last input (the core's announced state): only a leader rides through.
+        self.announced = False
         #: The task thread parked in acquire(), woken when this member starts leading.
         self.waiter: Thread | None = None
         #: The task thread parked in its watchdog, woken when leadership is lost.
@@ -125,12 +127,21 @@ class Member:
 
     def _lease_end(self) -> int:
         assert self.last_hb is not None
-        mutation = self.sim.config.mutation
+        cfg = self.sim.config
+        mutation = cfg.mutation
         if mutation == "no_self_fence":  # goNELI-like flag: leads while it thinks it is assigned
             return 1 << 62
         if mutation == "no_membership_proof":  # own heartbeats alone renew the lease
-            return self.last_hb + self.sim.config.heartbeat_timeout
-        return min(self.last_hb, self.last_ack_sent) + self.sim.config.heartbeat_timeout
+            return self.last_hb + cfg.heartbeat_timeout
+        end = min(self.last_hb, self.last_ack_sent) + cfg.heartbeat_timeout
+        if self.announced and cfg.ride_through > cfg.heartbeat_timeout:
+            # Ride-through (protocol.md, 8a): a leader keeps leading through a stall until its
+            # newest acknowledged session heartbeat + ride_through; the broker renewed the
+            # session when it received that heartbeat, so no one can be assigned before.
+            if mutation == "unbounded_ride_through":
+                return 1 << 62
+            end = max(end, min(self.last_hb, self.last_ack_sent) + cfg.ride_through)
+        return end
 
     def belief_end(self) -> int | None:
         """When the most recent leadership belief ended (or will end if nothing renews it)."""
@@ -143,7 +154,8 @@ class Member:
     def _note(self) -> None:
         """Track where the current belief ends (for the handover-gap statistic)."""
         now = self.sim.kernel.now
-        if self.leader(now):
+        self.announced = self.leader(now)
+        if self.announced:
             end = self._lease_end()
             if self.sim.config.mutation == "no_self_fence":
                 end = now
@@ -192,6 +204,7 @@ class Member:
         kernel = self.sim.kernel
         now = kernel.now
         before = self.leader(now)
+        self.announced = before   # a lapse is noted before new evidence (core: evaluate first)
         if answer == UNKNOWN:
             if self.assigned:
                 self._release("lost (session expired)")
@@ -245,6 +258,7 @@ class Member:
             return
         now = self.sim.kernel.now
         before = self.leader(now)
+        self.announced = before
         if self.last_hb is None or sent > self.last_hb:
             self.last_hb = sent
         if not before and self.leader(now):
@@ -255,6 +269,7 @@ class Member:
         if self.assigned:
             self.sim.kernel.log(self.name, "released", why)
         self.assigned = False
+        self.announced = False
         self.barrier_since = None
         self.released_at = self.sim.kernel.now
         self._note()
@@ -572,6 +587,12 @@ class Simulation:
             kernel.at(at, self._newer_completes, role, run_key)
             self.log("plan", "newer deployment", f"completes {role}/{run_key} at {at} ms"
                      " (schema v2)")
+        # A broker's crash as the survivors see it (issue 31); its own stream as well.
+        stall = random.Random(f"stall-{self.seed}")
+        if stall.random() < cfg.broker_stall_fraction:
+            at, duration = stall.randint(0, horizon), stall.randint(*cfg.broker_stall)
+            kernel.at(at, self._broker_stall, duration)
+            self.log("plan", "broker stall", f"{duration} ms at {at} ms")
 
     def _plan_liveness(self) -> None:
         """Who announces liveness, and liveness losses: heartbeats withheld for a while from
@@ -763,6 +784,10 @@ class Simulation:
         dep.down = False
         self.log(dep.name, "RECOVERED")
         self._start_scheduler(dep)
+
+    def _broker_stall(self, duration: int) -> None:
+        self.stats.count("broker-stall")
+        self.broker.stall(duration)
 
     def _force_rebalance(self, role: str) -> None:
         if self.broker.force_rebalance(role):

@@ -11,8 +11,10 @@ never see it), and the throwaway group is deleted.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,8 +23,8 @@ from rich.text import Text
 
 from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
-from neli_orchestrate.core.config import NeliConfig
-from neli_orchestrate.core.topic import choose_group_protocol
+from neli_orchestrate.core.config import NeliConfig, ResolvedConfig
+from neli_orchestrate.core.topic import COORDINATOR_WRITE_TIMEOUT_KEY, choose_group_protocol
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger.transactions import find_open_transaction
 from neli_orchestrate.observe import broker_config, describe_config, group_prefix
@@ -73,6 +75,80 @@ def broker_release(broker: dict[str, str] | None) -> tuple[str | None, str]:
     if any(key.startswith("zookeeper.") for key in broker):
         return None, "a ZooKeeper-era broker without inter.broker.protocol.version"
     return "4.x", "no inter.broker.protocol.version or ZooKeeper settings (removed in 4.0)"
+
+
+#: Kafka's defaults, used when the broker's configuration cannot be read.
+_BROKER_DEFAULTS = {"broker.session.timeout.ms": "9000", "replica.lag.time.max.ms": "30000",
+                    COORDINATOR_WRITE_TIMEOUT_KEY: "5000"}
+#: Allowance after the controller fences a dead broker until the clients are answered again:
+#: the in-sync change or the new leader's election, and the clients finding the new leader.
+#: Measured on a loaded two-core machine (tests/regions/test_broker_crash_ride_through.py):
+#: up to 13.1 s of stall with a 9 s broker session when the heartbeat partition's leader died.
+_ISR_CHANGE = 4.0
+
+
+def ride_through_check(r: ResolvedConfig, protocol: str,
+                       broker: Mapping[str, str] | None) -> tuple[str, str, str]:
+    """Can a leader ride through one broker's crash (protocol.md, 8a)? (level, message, fix).
+
+    A crash stalls the heartbeat partition and the offsets topic until the controller fences
+    the dead broker (``broker.session.timeout.ms``); a follower that lives but stops fetching
+    holds them for ``replica.lag.time.max.ms``. A leader rides through a stall ``S`` when its
+    last accepted commit (at most ``heartbeat_interval`` before the crash) plus the ride-through
+    bound ``R`` lies beyond it: ``S + heartbeat_interval < R``.
+    """
+    read = broker is not None
+    conf = {**_BROKER_DEFAULTS, **(broker or {})}
+
+    def seconds(key: str) -> float:
+        try:
+            return int(conf[key]) / 1000
+        except (TypeError, ValueError):
+            return int(_BROKER_DEFAULTS[key]) / 1000
+
+    fence, lag = seconds("broker.session.timeout.ms"), seconds("replica.lag.time.max.ms")
+    write = seconds(COORDINATOR_WRITE_TIMEOUT_KEY)
+    rr = dataclasses.replace(r, group_protocol=protocol,  # type: ignore[arg-type]
+                             coordinator_write_timeout=write)
+    ride = rr.ride_through
+    stall = fence + _ISR_CHANGE
+    need = stall + r.heartbeat_interval
+    source = "the broker's" if read else "Kafka's default (the broker's are unreadable)"
+    stop = (f"stop budget (session_timeout - heartbeat_timeout) / 2 = {r.stop_budget:.2f} s, "
+            f"the time the work gets to stop")
+    if protocol == "classic":
+        bound = (f"session_timeout {r.session_timeout:g} s - clock_error {r.clock_error:g} s - "
+                 f"{stop}")
+        extra = r.clock_error
+    else:
+        bound = (f"session_timeout {r.session_timeout:g} s - group heartbeat "
+                 f"{r.group_heartbeat_interval:g} s - {COORDINATOR_WRITE_TIMEOUT_KEY} "
+                 f"{write:g} s - clock_error {r.clock_error:g} s - {stop}")
+        extra = r.clock_error + r.group_heartbeat_interval + write
+    # with heartbeat_timeout derived (a third of the session): R = 2/3 session - extra
+    wanted = 1.5 * (need + extra)
+    arithmetic = (f"a dead broker stalls the heartbeat partition and __consumer_offsets for up "
+                  f"to broker.session.timeout.ms {fence:g} s ({source}) + {_ISR_CHANGE:g} s "
+                  f"for the in-sync sets or the leader to change and the clients to follow; "
+                  f"a leader rides through while that plus heartbeat_interval "
+                  f"{r.heartbeat_interval:g} s = {need:g} s stays below "
+                  f"the ride-through bound R = {bound} = {max(ride, 0.0):.2f} s")
+    if ride <= 0:
+        arithmetic += f" (R would not exceed heartbeat_timeout {r.heartbeat_timeout:g} s: off)"
+    lagging = (f"a follower that lives but stops fetching holds them for "
+               f"replica.lag.time.max.ms {lag:g} s, which "
+               + ("this bound covers too" if lag + _ISR_CHANGE + r.heartbeat_interval < ride
+                  else "no leader rides through: it is fenced and leads again afterwards"))
+    if ride > need:
+        return OK, f"{protocol} groups: {arithmetic}: {ride:.2f} > {need:g}; {lagging}", ""
+    fix = (f"raise session_timeout above {wanted:.1f} s, heartbeat_timeout derived (crash "
+           f"failover takes as long)"
+           + (", or use classic groups (group_protocol='classic'), whose bound does not "
+              "lose the group heartbeat and the write timeout" if protocol != "classic"
+              else ""))
+    return (WARNING, f"{protocol} groups: one broker's crash can fence every leader (L3 "
+            f"does not hold in the worst case): {arithmetic}: {max(ride, 0.0):.2f} <= {need:g}",
+            fix)
 
 
 def _major_minor(release: str) -> tuple[int, int]:
@@ -200,6 +276,15 @@ class _Doctor:
             self.add("timeouts", ERROR, f"the ledger's transaction timeout {tx} ms exceeds the "
                      f"broker's transaction.max.timeout.ms={tx_max}",
                      "lower KafkaLedgerConfig.transaction_timeout")
+
+    def ride_through(self) -> None:
+        if self.brokers < 2:
+            self.add("ride-through", OK, f"{self.brokers} broker: a broker's crash is an "
+                     "outage of the cluster, not a stall to ride through")
+            return
+        level, message, fix = ride_through_check(self.neli.resolved, self.protocol,
+                                                 self.broker)
+        self.add("ride-through", level, message, fix)
 
     def topics(self) -> dict[str, int]:
         """Describe both topics (a tried DESCRIBE); check the ledger's policy and replication."""
@@ -496,6 +581,7 @@ def diagnose(target: Target, neli: NeliConfig) -> list[Finding]:
         d.version()
         d.kip848()
         d.timeouts()
+        d.ride_through()
         topics = d.topics()
         d.transactions(topics)
         d.group_acl(topics)

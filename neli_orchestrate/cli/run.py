@@ -528,7 +528,7 @@ def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float, float
     would let COMMAND outlive the session (a successor could start while it still runs)."""
     resolved = single.config.neli.resolved
     session, heartbeat = resolved.session_timeout, resolved.heartbeat_timeout
-    limit = max(0.0, (session - heartbeat) / 2)
+    limit = resolved.stop_budget   # the same budget a ride-through leaves (protocol.md, 8a)
     if grace is None:
         grace = limit
     elif grace > limit:

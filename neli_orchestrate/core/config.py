@@ -181,11 +181,53 @@ class ResolvedConfig:
     request_timeout: float
     kafka_config: Mapping[str, Any]
     release_hints: bool = True
+    #: The broker's offsets.commit.timeout.ms (Kafka's default until read at start-up).
+    coordinator_write_timeout: float = 5.0
+    #: KIP-848: (session, heartbeat interval) the coordinator applies, when read at start-up
+    #: and different from the configured ones.
+    group_timings_at_broker: tuple[float, float] | None = None
 
     @property
     def grace_period(self) -> float:
         """Full NELI, exclusive: how long a new assignee waits before it leads (T, the paper's)."""
         return self.heartbeat_timeout if (self.mode == "full" and self.exclusive) else 0.0
+
+    @property
+    def stop_budget(self) -> float:
+        """Time reserved between the end of a lease and the earliest successor for stopping
+        the work (``neli-orchestrate run``'s grace): half of what the session leaves after
+        the heartbeat timeout."""
+        return max(0.0, (self.session_timeout - self.heartbeat_timeout) / 2)
+
+    @property
+    def ride_through(self) -> float:
+        """Fast NELI: how long after its newest *accepted* offset commit a leader whose
+        evidence stalls (a broker's crash) may keep leading (docs/internals/protocol.md, 8a).
+
+        Classic groups: ``session_timeout - clock_error - stop_budget``. The coordinator
+        reschedules a member's session when it accepts its offset commit, so it cannot remove
+        the member sooner than ``session_timeout`` after it, whatever happens to the member
+        afterwards; the stop budget leaves the work time to stop if the ride ends in a fence.
+
+        KIP-848 groups: a commit does not touch the session, so the bound rests on the group
+        heartbeats instead: the one before the commit was at most one interval earlier, and
+        while the offsets topic stalls its answer is held back up to the coordinator's write
+        timeout (``offsets.commit.timeout.ms``) before the next one is sent:
+        ``session - heartbeat interval - write timeout - clock_error - stop_budget``, with the
+        timings the coordinator applies. A value at or below ``heartbeat_timeout`` means no
+        ride-through (0 is returned), as for Full NELI, whose lease is the paper's ``T``.
+        """
+        if self.mode != "fast" or not self.exclusive:
+            return 0.0
+        session, group_hb = self.session_timeout, self.group_heartbeat_interval
+        if self.group_timings_at_broker is not None:
+            session = min(session, self.group_timings_at_broker[0])
+            group_hb = max(group_hb, self.group_timings_at_broker[1])
+        classic = session - self.clock_error - self.stop_budget
+        consumer = classic - group_hb - self.coordinator_write_timeout
+        ride = {"classic": classic, "consumer": consumer}.get(self.group_protocol,
+                                                               min(classic, consumer))
+        return ride if ride > self.heartbeat_timeout else 0.0
 
     @property
     def fence_margin(self) -> float:

@@ -195,7 +195,8 @@ class Neli:
         if r.mode == "full":
             self._state = FullNeliState(clock_error=r.clock_error, **state_args)
         else:
-            self._state = FastNeliState(**state_args)  # type: ignore[arg-type]
+            self._state = FastNeliState(**state_args,  # type: ignore[arg-type]
+                                        ride_through=r.ride_through)
         self._hints = HintWatch(self._state, r, self._member_id, clock=self._clock,
                                 rejoin=self._rejoin, on_hint=self._on_hint, warn=self._warn_once)
 

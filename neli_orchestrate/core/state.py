@@ -13,6 +13,18 @@ A member leads role r at instant t when all of these hold (exclusive mode):
 
 Non-exclusive Full NELI leads while t < E_p + T, assigned or not (the overlap the paper allows).
 
+Ride-through (Fast NELI, ``ride_through`` = R > 0, :attr:`ResolvedConfig.ride_through`): a
+member that already leads keeps leading while t < min(E_p, A) + R, where A is the issue time
+of the newest offset commit accepted *without error*, unless a younger commit was rejected with
+an error that is not a stall's (:data:`STALL_ERRORS`). R is chosen so that the coordinator
+cannot have removed the member before A + R + clock_error (classic groups: an accepted commit
+reschedules the session; KIP-848: the group heartbeats bound it), so no other member can be
+assigned the partition before the extended lease ends: the extension rests on A alone, never
+on the heartbeat partition. It lets a leader ride through a broker's crash, while the heartbeat
+partition's high watermark and the offsets topic's writes stall (docs/internals/protocol.md,
+section 8a). It never starts leadership: acquiring still needs evidence younger than
+heartbeat_timeout.
+
 Every query is answered from the clock reading the caller passes in, so ``is_leader`` can
 never be stale: a stalled polling thread cannot keep it true. Events are the edges of
 ``leads`` as seen by :meth:`LeadershipState.evaluate`; inputs call it first, so every lapse is
@@ -44,7 +56,7 @@ from neli_orchestrate.core.kafka import Record
 from neli_orchestrate.core.roles import Role, partition_for
 from neli_orchestrate.errors import KafkaUnavailableError
 
-__all__ = ["LeadershipState", "PartitionState"]
+__all__ = ["LeadershipState", "PartitionState", "STALL_ERRORS"]
 
 _MAX_PENDING_COMMITS = 256
 
@@ -58,6 +70,20 @@ _MAX_PENDING_COMMITS = 256
 #: 2 s heartbeat timeout twice in 15 s when these counted as failures).
 MEMBER_KNOWN_ERRORS = frozenset({"ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS",
                                  "STALE_MEMBER_EPOCH"})
+
+#: Commit outcomes that a broker's crash produces while the member's session still holds: the
+#: coordinator's write waits for the offsets topic's high watermark and times out
+#: (REQUEST_TIMED_OUT after offsets.commit.timeout.ms, NOT_ENOUGH_REPLICAS*), the coordinator
+#: moves with its partition's leadership (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
+#: COORDINATOR_LOAD_IN_PROGRESS), or the client gave up on the dead broker (_TRANSPORT,
+#: _TIMED_OUT, _WAIT_COORD). They say nothing about membership either way, so they neither
+#: renew the lease nor end a ride-through. Any other rejection (UNKNOWN_MEMBER_ID, FENCED_*,
+#: an authorization error, ...) ends it: the lease falls back to heartbeat_timeout.
+STALL_ERRORS = frozenset({
+    "REQUEST_TIMED_OUT", "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+    "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS",
+    "NETWORK_EXCEPTION", "_TRANSPORT", "_TIMED_OUT", "_WAIT_COORD", "_MSG_TIMED_OUT",
+})
 
 
 @dataclass
@@ -98,6 +124,7 @@ class LeadershipState:
         exclusive: bool = True,
         grace: float = 0.0,
         group: str | None = None,
+        ride_through: float = 0.0,
     ) -> None:
         self.member = member
         self.member_key = member.encode("utf-8")  # records are keyed by member id
@@ -109,12 +136,21 @@ class LeadershipState:
         self.revoke_timeout = revoke_timeout
         self.exclusive = exclusive
         self.grace = grace
+        if ride_through and not exclusive:
+            raise ValueError("ride_through applies to exclusive leadership only")
+        self.ride_through = ride_through if ride_through > lease else 0.0
+        """Lease after the newest accepted commit while a leader rides through a stall (0: off)."""
         self.role_partition: dict[Role, int] = {r: partition_for(r, partitions) for r in roles}
         self.partition_roles: dict[int, list[Role]] = {}
         for role, p in self.role_partition.items():
             self.partition_roles.setdefault(p, []).append(role)
         self._parts: dict[int, PartitionState] = {}
         self._membership: float | None = None
+        self._accepted: float | None = None
+        """Issue time of the newest commit accepted without error (the ride-through's base)."""
+        self._disproved_at: float | None = None
+        """Issue time of the newest commit rejected with a non-stall error (no ride-through
+        until a younger commit proves membership again)."""
         self._commits: deque[tuple[dict[int, int], float]] = deque()
         self._announced: dict[Role, bool] = dict.fromkeys(self.roles, False)
         self._seq = 0
@@ -136,7 +172,8 @@ class LeadershipState:
         with self._lock:
             if not self._leads(role, now):
                 return None
-            return self._expiry(self._parts[self.role_partition[role]])
+            p = self.role_partition[role]
+            return self._expiry(self._parts[p], p)
 
     @property
     def membership_proven_at(self) -> float | None:
@@ -156,7 +193,7 @@ class LeadershipState:
         st = self._parts.get(self.role_partition[role])
         if st is None:
             return False
-        expiry = self._expiry(st)
+        expiry = self._expiry(st, self.role_partition[role])
         if expiry is None or now >= expiry:
             return False
         if self.exclusive:
@@ -164,14 +201,29 @@ class LeadershipState:
                 return False
         return True
 
-    def _expiry(self, st: PartitionState) -> float | None:
+    def _expiry(self, st: PartitionState, p: int) -> float | None:
         if st.evidence is None:
             return None
         if not self.exclusive:
             return st.evidence + self.lease
         if self._membership is None:
             return None
-        return min(st.evidence, self._membership) + self.lease
+        expiry = min(st.evidence, self._membership) + self.lease
+        if self._rides(st, p):
+            assert self._accepted is not None
+            expiry = max(expiry, min(st.evidence, self._accepted) + self.ride_through)
+        return expiry
+
+    def _rides(self, st: PartitionState, p: int) -> bool:
+        """The ride-through applies: on, a partition already led, no disproof, a base A."""
+        return bool(self.ride_through and st.assigned and self._accepted is not None
+                    and not self._disproved()
+                    and any(self._announced[r] for r in self.partition_roles.get(p, ())))
+
+    def _disproved(self) -> bool:
+        """A commit younger than the newest proof was rejected for a reason that is no stall's."""
+        return self._disproved_at is not None and (
+            self._membership is None or self._disproved_at >= self._membership)
 
     # -- edges ------------------------------------------------------------------------------
 
@@ -183,15 +235,16 @@ class LeadershipState:
                 current = self._leads(role, now)
                 if current == self._announced[role]:
                     continue
-                self._announced[role] = current
                 p = self.role_partition[role]
+                st = self._parts.get(p)
+                # the lease that just ended (a ride-through's, while still announced)
+                expiry = self._expiry(st, p) if st is not None else None
+                self._announced[role] = current
                 if current:
                     events.append(LeaderAcquired(
                         role=role, partition=p, member=self.member, timestamp=now,
                         wall_time=wall, reason=REASON_ACQUIRED))
                     continue
-                st = self._parts.get(p)
-                expiry = self._expiry(st) if st is not None else None
                 ended = min(now, expiry) if expiry is not None else now
                 if st is not None and not st.assigned and st.revoked:
                     events.append(LeaderRevoked(
@@ -200,7 +253,7 @@ class LeadershipState:
                     continue
                 if st is None or not st.assigned:
                     reason = REASON_PARTITION_LOST
-                elif self.exclusive and (self._membership is None or (
+                elif self.exclusive and (self._membership is None or self._disproved() or (
                         st.evidence is not None
                         and self._membership < st.evidence - self.heartbeat_interval)):
                     # commits lagged behind heartbeats by more than a round: they are the cause
@@ -220,7 +273,7 @@ class LeadershipState:
                 st = self._parts.get(self.role_partition[role])
                 if st is None:
                     continue
-                expiry = self._expiry(st)
+                expiry = self._expiry(st, self.role_partition[role])
                 if expiry is not None:
                     times.append(expiry)
                 if st.assigned and self.grace:
@@ -320,6 +373,8 @@ class LeadershipState:
                         timestamp=now, wall_time=wall, reason=reason))
             self._parts.clear()
             self._membership = None
+            self._accepted = None
+            self._disproved_at = None
         return events
 
     # -- membership proofs (offset commits) ----------------------------------------------------
@@ -362,8 +417,13 @@ class LeadershipState:
                 return False
             if error is not None and error not in MEMBER_KNOWN_ERRORS:
                 self.counters["commits_failed"] += 1
+                if error not in STALL_ERRORS and (
+                        self._disproved_at is None or issued_at > self._disproved_at):
+                    self._disproved_at = issued_at
                 return False
             self.counters["commits_accepted" if error is None else "commits_member_known"] += 1
+            if error is None and (self._accepted is None or issued_at > self._accepted):
+                self._accepted = issued_at
             if self._membership is None or issued_at > self._membership:
                 self._membership = issued_at
                 return True

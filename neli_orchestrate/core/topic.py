@@ -79,9 +79,18 @@ def check_at_broker(admin: LeaderTopicAdmin, r: ResolvedConfig) -> tuple[int, Re
     early = _EarlyGroupRead(admin, r) if r.group_protocol != "classic" else None
     try:
         partitions = prepare_leader_topic(admin, r)
-        r = resolve_protocol(admin.broker_config(r.topic, r.request_timeout), r)
+        broker = admin.broker_config(r.topic, r.request_timeout)
+        r = resolve_protocol(broker, r)
+        write_timeout = _ms_setting(broker, COORDINATOR_WRITE_TIMEOUT_KEY)
+        if write_timeout is not None and write_timeout != r.coordinator_write_timeout:
+            r = dataclasses.replace(r, coordinator_write_timeout=write_timeout)
         if r.group_protocol == "consumer":
-            prepare_group(admin, r, current=early.result() if early is not None else _UNREAD)
+            effective = prepare_group(
+                admin, r, current=early.result() if early is not None else _UNREAD)
+            if effective is not None and effective != (r.session_timeout,
+                                                       r.group_heartbeat_interval):
+                # the ride-through bound uses what the coordinator really applies
+                r = dataclasses.replace(r, group_timings_at_broker=effective)
     finally:
         if early is not None:
             early.join()   # no request left running on the admin client the caller closes
@@ -210,6 +219,18 @@ def prepare_group(admin: LeaderTopicAdmin, r: ResolvedConfig,
                     " crash failover takes about the broker's value", r.group_id, session,
                     r.session_timeout)
     return session, heartbeat
+
+
+#: How long the group coordinator lets a write (a commit, a heartbeat behind pending writes)
+#: wait for the offsets topic's high watermark before it answers REQUEST_TIMED_OUT.
+COORDINATOR_WRITE_TIMEOUT_KEY = "offsets.commit.timeout.ms"
+
+
+def _ms_setting(broker: Mapping[str, str] | None, key: str) -> float | None:
+    try:
+        return int(broker[key]) / 1000 if broker is not None and key in broker else None
+    except (TypeError, ValueError):
+        return None
 
 
 # Broker settings (Kafka >= 3.7) that say whether KIP-848 groups exist and what they accept.

@@ -455,9 +455,27 @@ CLUSTER_PROPERTIES: Mapping[str, str] = {
     "transaction.state.log.min.isr": "2",
     "share.coordinator.state.topic.replication.factor": "3",
     "share.coordinator.state.topic.min.isr": "2",
-    # a killed leader's partitions move quickly (defaults: 9 s session, 6 s fence)
+    # Kafka's own failure handling, stated so that the single node's fast settings cannot leak
+    # in: the controller fences a silent broker (and drops it from every in-sync set) after
+    # 9 s; a live follower that stops fetching leaves the in-sync set after 30 s.
+    "broker.session.timeout.ms": "9000",
+    "broker.heartbeat.interval.ms": "2000",
+    "replica.lag.time.max.ms": "30000",
+    # Several coordinator partitions, so that groups and transactional ids hash to
+    # coordinators on different brokers (as in production, where the default is 50): a
+    # broker's crash can then hit a group's coordinator without hitting the leader topic's
+    # partition leader, or the other way round. 6 is two per broker; 50 partitions x 3
+    # replicas take tens of seconds to create and load on a two-core machine.
+    "offsets.topic.num.partitions": "6",
+    "transaction.state.log.num.partitions": "6",
+}
+
+#: Opt-in, for tests that say why they need it: a killed broker is fenced (and leaves every
+#: in-sync set) after about 3 s instead of 9 s, a stalled follower after 5 s instead of 30 s.
+CLUSTER_FAST_PROPERTIES: Mapping[str, str] = {
     "broker.session.timeout.ms": "3000",
     "broker.heartbeat.interval.ms": "500",
+    "replica.lag.time.max.ms": "5000",
 }
 
 
@@ -512,6 +530,11 @@ class LocalKafkaCluster:
     """A real Kafka 4.x cluster of ``nodes`` combined broker + controller nodes on loopback,
     with replication factor 3 and ``min.insync.replicas=2`` by default (:data:`CLUSTER_PROPERTIES`).
 
+    Failure handling is Kafka's own default (a dead broker is fenced after 9 s, a lagging
+    follower leaves the in-sync set after 30 s), and the offsets and transaction-state topics
+    have 6 partitions, so coordinators spread over the brokers. ``fast=True`` adds
+    :data:`CLUSTER_FAST_PROPERTIES` (3 s / 5 s): only for a test that says why it needs them.
+
     Usage::
 
         with LocalKafkaCluster() as cluster:
@@ -524,7 +547,8 @@ class LocalKafkaCluster:
     """
 
     def __init__(self, nodes: int = 3, *, workdir: str | os.PathLike[str] | None = None,
-                 properties: Mapping[str, str] | None = None, heap: str = "512m") -> None:
+                 properties: Mapping[str, str] | None = None, heap: str = "512m",
+                 fast: bool = False) -> None:
         if nodes < 3:
             raise LocalKafkaError("a cluster needs at least 3 nodes for RF 3 / min ISR 2")
         self._own_workdir = workdir is None
@@ -532,7 +556,8 @@ class LocalKafkaCluster:
         ports = {i: (free_port(), free_port()) for i in range(1, nodes + 1)}
         voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_, c) in ports.items())
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        merged = {**CLUSTER_PROPERTIES, **(properties or {})}
+        merged = {**CLUSTER_PROPERTIES, **(CLUSTER_FAST_PROPERTIES if fast else {}),
+                  **(properties or {})}
         self.nodes = {
             i: _ClusterNode(i, voters, cluster_id, controller, workdir=self.workdir / f"node{i}",
                             port=port, properties=merged, heap=heap)

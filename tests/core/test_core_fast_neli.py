@@ -31,6 +31,11 @@ from neli_orchestrate.errors import KafkaUnavailableError, NeliError
 SESSION = 1.0
 HB_TIMEOUT = 0.3
 HB_INTERVAL = 0.05
+GROUP_HB = 0.05
+CLOCK_ERROR = 0.05
+#: a leader's lease after its newest accepted commit while its evidence stalls undisproved
+#: (protocol.md, 8a; the fake broker's configuration is unreadable, so groups are classic)
+RIDE = SESSION - CLOCK_ERROR - (SESSION - HB_TIMEOUT) / 2
 
 
 class Recorder:
@@ -55,7 +60,7 @@ def make(cluster: FakeCluster | None = None, *, clock: FakeClock | None = None,
     settings: dict[str, object] = dict(
         bootstrap_servers="fake:0", group_id="g", name="member", session_timeout=SESSION,
         heartbeat_timeout=HB_TIMEOUT, heartbeat_interval=HB_INTERVAL, min_poll_interval=0.01,
-        group_heartbeat_interval=0.05, clock_error=0.05, max_poll_interval=30.0,
+        group_heartbeat_interval=GROUP_HB, clock_error=CLOCK_ERROR, max_poll_interval=30.0,
     )
     settings.update(overrides)
     neli = Neli(NeliConfig(**settings), barrier or recorder,  # type: ignore[arg-type]
@@ -156,7 +161,7 @@ def test_is_leader_turns_false_at_read_time_when_nobody_pulses() -> None:
     neli, cluster, rec = make(clock=clock)
     lead(neli, cluster)
     deadline = neli.leadership_deadline()
-    assert deadline is not None and deadline - clock.monotonic() <= HB_TIMEOUT
+    assert deadline is not None and deadline - clock.monotonic() <= RIDE + 1e-9
 
     clock.advance_to(deadline)          # the polling thread is stuck: no pulse at all
     assert neli.is_leader is False       # ...yet the lease is evaluated when read
@@ -191,17 +196,18 @@ def test_fenced_when_own_heartbeats_stop_then_leader_again_when_they_resume() ->
     start = clock.monotonic()
     while neli.is_leader:
         neli.pulse(0.05)
-        assert clock.monotonic() - start < 2 * HB_TIMEOUT
+        # the leader rides through (its commits still prove membership) up to the bound
+        assert clock.monotonic() - start < RIDE + 2 * HB_INTERVAL
     assert kinds(rec.events) == ["LeaderAcquired", "LeaderFenced"]
     assert rec.events[1].reason == REASON_HEARTBEAT_TIMEOUT
-    assert rec.events[1].timestamp - start <= HB_TIMEOUT + HB_INTERVAL
+    assert rec.events[1].timestamp - start <= RIDE + HB_INTERVAL
 
     cluster.produce_blocked = False      # connectivity back, partition still assigned
     assert neli.pulse(0.5)
     assert kinds(rec.events) == ["LeaderAcquired", "LeaderFenced", "LeaderAcquired"]
 
 
-@pytest.mark.parametrize("error", ["UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH", "_TRANSPORT"])
+@pytest.mark.parametrize("error", ["UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"])
 def test_commits_rejected_for_an_unknown_member_fence_as_membership_unconfirmed(
         error: str) -> None:
     clock = FakeClock()
@@ -214,6 +220,25 @@ def test_commits_rejected_for_an_unknown_member_fence_as_membership_unconfirmed(
         assert clock.monotonic() - start < 2 * HB_TIMEOUT
     assert isinstance(rec.events[-1], LeaderFenced)
     assert rec.events[-1].reason == REASON_MEMBERSHIP_UNCONFIRMED
+
+
+@pytest.mark.parametrize("error", ["_TRANSPORT", "REQUEST_TIMED_OUT", "NOT_COORDINATOR"])
+def test_stall_errors_ride_through_until_the_bound_then_fence(error: str) -> None:
+    """A coordinator that cannot answer (a broker crash) neither proves nor disproves
+    membership: the leader keeps its lease up to the newest proof + RIDE, never longer."""
+    clock = FakeClock()
+    neli, cluster, rec = make(clock=clock)
+    lead(neli, cluster)
+    proven = neli._state.membership_proven_at
+    assert proven is not None
+    cluster.commit_error = error
+    while neli.is_leader:
+        neli.pulse(0.05)
+        assert clock.monotonic() < proven + RIDE + 2 * HB_INTERVAL
+    assert clock.monotonic() >= proven + RIDE - 2 * HB_INTERVAL
+    assert kinds(rec.events) == ["LeaderAcquired", "LeaderFenced"]
+    assert rec.events[-1].reason == REASON_MEMBERSHIP_UNCONFIRMED
+    assert rec.events[-1].timestamp <= proven + RIDE
 
 
 def test_transient_commit_rejection_does_not_fence_a_healthy_leader() -> None:
@@ -266,7 +291,7 @@ def test_short_stall_is_reported_as_fence_then_acquire_not_silently_healed() -> 
     clock = FakeClock()
     neli, cluster, rec = make(clock=clock)
     lead(neli, cluster)
-    clock.advance(2 * HB_TIMEOUT)            # below the session timeout: still a member
+    clock.advance(RIDE + CLOCK_ERROR / 2)    # below the session timeout: still a member
     neli.pulse(0.2)
     assert neli.is_leader
     assert kinds(rec.events) == ["LeaderAcquired", "LeaderFenced", "LeaderAcquired"]
@@ -549,4 +574,4 @@ def test_leadership_deadline_moves_forward_while_heartbeats_come_back() -> None:
     neli.pulse(3 * HB_INTERVAL)
     second = neli.leadership_deadline()
     assert first is not None and second is not None and second > first
-    assert second <= clock.monotonic() + HB_TIMEOUT
+    assert second <= clock.monotonic() + RIDE

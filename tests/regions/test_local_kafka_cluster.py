@@ -47,6 +47,13 @@ def test_cluster_replicates_three_ways_and_survives_its_partition_leader_kill_9(
                 assert time.monotonic() < deadline, f"{topic}: {exc}"
                 time.sleep(0.5)
         assert described["min.insync.replicas"].value == "2"
+        # Kafka's own failure handling and spread coordinators, unless a test asks for fast=True
+        (broker,) = admin.describe_configs([ConfigResource("broker", "1")]).values()
+        settings = broker.result(30)
+        assert settings["broker.session.timeout.ms"].value == "9000"
+        assert settings["replica.lag.time.max.ms"].value == "30000"
+        assert settings["offsets.topic.num.partitions"].value == "6"
+        assert settings["transaction.state.log.num.partitions"].value == "6"
 
         leader = cluster.leader_of(topic)
         cluster.kill(leader)
