@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from neli_orchestrate.claim import CLAIM_ENV, Claim
+from neli_orchestrate.claim import Claim
 from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.singleton.run import Reservation, Run
@@ -31,10 +31,9 @@ def test_the_integrations_names_are_the_one_claim() -> None:
 
 
 def test_airflow_claim_is_the_one_claim() -> None:
-    from neli_orchestrate.airflow.claims import CLAIM_ENV as AIRFLOW_ENV
     from neli_orchestrate.airflow.claims import RunClaim
 
-    assert RunClaim is Claim and AIRFLOW_ENV is CLAIM_ENV
+    assert RunClaim is Claim
     assert RunClaim.from_xcom(CLAIM.xcom()).with_token(43).token == 43
 
 

@@ -76,3 +76,26 @@ def test_outcome_phrase_says_where_a_run_was_skipped_by_its_task() -> None:
     assert outcome_phrase(skipped) == "skipped by the task in us-east-1"
     failed = replace(done, state=RunState.FAILED, reason="skipped by the task? no: boom")
     assert outcome_phrase(failed) == "failed in us-east-1"
+
+
+def test_no_module_but_a_package_init_re_exports_what_it_imports() -> None:
+    # A name is exported where it is defined; packages' __init__ files gather them (#32).
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        defined: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign):
+                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                defined.add(node.target.id)
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                found += [f"{path.relative_to(PACKAGE.parent)}: {name}"
+                          for name in ast.literal_eval(node.value) if name not in defined]
+    assert found == [], found

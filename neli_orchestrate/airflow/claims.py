@@ -19,9 +19,9 @@ import shlex
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from neli_orchestrate.claim import CLAIM_ENV, CLAIM_KEYS, Claim
+from neli_orchestrate.claim import Claim
 
-__all__ = ["CLAIM_CONTEXT_KEY", "CLAIM_ENV", "CLAIM_KEYS", "RunClaim", "describe",
+__all__ = ["CLAIM_CONTEXT_KEY", "RunClaim", "describe",
            "open_singleton", "record_to_dict", "reset_command"]
 
 if TYPE_CHECKING:

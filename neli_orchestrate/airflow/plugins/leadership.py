@@ -34,9 +34,7 @@ from neli_orchestrate.airflow import liveness as _liveness_listener
 from neli_orchestrate.airflow.plugins.alias_links import ProxyAliasLinks
 from neli_orchestrate.errors import ConfigError, NeliError
 from neli_orchestrate.observe import (
-    LEDGER_ROWS,
     Overview,
-    RoleOverview,
     collect_overview,
     entry_data,
     iso_time,
@@ -49,8 +47,7 @@ if TYPE_CHECKING:
     from neli_orchestrate.observe import RoleStatus
     from neli_orchestrate.settings import ClusterSettings
 
-__all__ = ["LEDGER_ROWS", "NeliPlugin", "NeliRanInLink", "NeliRunLink", "Overview",
-           "RoleOverview", "app", "collect_overview", "find_claimed_run", "run_url"]
+__all__ = ["NeliPlugin", "NeliRanInLink", "NeliRunLink", "app", "find_claimed_run", "run_url"]
 
 logger = logging.getLogger(__name__)
 
