@@ -18,7 +18,6 @@ from neli_orchestrate.sinks.directory import (
     CommitMarkerError,
     StagedOutput,
     TokenCommitGuard,
-    _exchange,
     commit_output,
     escape_run_key,
 )
@@ -36,7 +35,6 @@ __all__ = [
     "CommitMarkerError",
     "StagedOutput",
     "TokenCommitGuard",
-    "_exchange",
     "commit_output",
     "escape_run_key",
 ]

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from neli_orchestrate.errors import ConfigError, StaleTokenError
+from neli_orchestrate.sinks.directory import _exchange
 from neli_orchestrate.spark import TokenCommitGuard
 from neli_orchestrate.spark.commit import (
     MARKER_NAME,
     CommitConflictError,
     CommitLockTimeout,
     CommitMarkerError,
-    _exchange,
     commit_output,
     escape_run_key,
 )
