@@ -373,12 +373,14 @@ def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
                               "exit_status": exc.code}, None)
             return exc.code
         except FencedError as exc:
+            settings.signals.check()  # a fence during a stop for a signal: terminated
             _result(as_json, {**base, "result": "fenced", "token": exc.token,
                               "exit_status": EXIT_FENCED},
                     f"fenced: {exc}. The command was stopped; nothing was recorded as"
                     f" completed.", err=True)
             return EXIT_FENCED
         except KafkaUnavailableError as exc:  # transient: wait, up to --wait-timeout
+            settings.signals.check()
             if time.monotonic() >= deadline:
                 stderr.print(f"error: {exc}", highlight=False, markup=False)
                 return EXIT_UNAVAILABLE
@@ -448,7 +450,23 @@ def hold(single: Any, settings: _Settings, target: Target, command: Sequence[str
                     f"fenced: {exc}. The command was stopped; contending again", err=True)
         except KafkaUnavailableError as exc:
             log.warning("%s; retrying", exc)
-        time.sleep(restart_delay if ran else settings.poll)  # a signal raises Terminated
+        # A signal that came while stopping the command, whatever else ended the stint (a
+        # fence may be reported instead), ends the hold here; one from now on raises.
+        settings.signals.check()
+        time.sleep(restart_delay if ran else settings.poll)
+
+
+#: Seconds the ledger's Kafka clients get to close when `run` leaves on a signal or an error.
+CLOSE_ON_SIGNAL = 2.0
+
+
+def _close_within(single: Any, seconds: float) -> None:
+    """Close ``single`` on a helper thread; give up waiting after ``seconds``."""
+    thread = threading.Thread(target=single.close, name="neli-run-close", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        log.warning("the ledger's Kafka clients did not close within %g s; leaving", seconds)
 
 
 def guard_margin(resolved: Any) -> float:
@@ -583,10 +601,18 @@ def run(target: Target, role: str, run_key: str | None, hold_mode: bool, deploym
     base = {"role": role, **({"run_key": key} if key else {}), "deployment": settings.deployment}
     signals.install()
     try:
-        with single:
+        try:
             if hold_mode:
-                return hold(single, settings, target, command, restart_delay, as_json)
-            return run_once(single, settings, target, key, command, as_json)
+                code = hold(single, settings, target, command, restart_delay, as_json)
+            else:
+                code = run_once(single, settings, target, key, command, as_json)
+        except BaseException:
+            # Leaving on a signal or an error: nothing of ours runs any more and the role is
+            # released; closing the ledger's clients may wait on an unreachable cluster.
+            _close_within(single, CLOSE_ON_SIGNAL)
+            raise
+        single.close()
+        return code
     except Terminated as exc:
         # Whatever ran here was stopped before this (and, if a claim was held, recorded FAILED).
         _result(as_json, {**base, "result": "terminated", "exit_status": 128 + exc.signum},

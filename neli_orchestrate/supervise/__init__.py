@@ -253,8 +253,9 @@ def start(command: Sequence[str], env: Mapping[str, str], *, grace: float,
         raise CommandNotStarted(126, f"the keeper could not start {command[0]!r}")
     work = Work(keeper, ctl_w, st_r, int(parts[1]), parts[2], grace)
     work._buffer = rest
-    if len(parts) > 3 and parts[3] != "-":
-        log.info("no cgroup for the command: %s", parts[3])
+    if len(parts) > 3 and parts[3] != "-" and chosen == "auto":
+        log.warning("no cgroup for the command (%s): stopping it through the child subreaper"
+                    " and /proc sweeps", parts[3])
     log.info("started %s (pid %s) under keeper pid %s: %s", list(command)[:3], work.pid,
              keeper.pid, work.mechanism)
     return work

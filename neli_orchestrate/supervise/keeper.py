@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 PR_SET_CHILD_SUBREAPER = 36
 #: Seconds a stop allows between the SIGKILL and the confirmation that nothing is left;
 #: the guard arithmetic (``neli_orchestrate.supervise.guard_margin``) budgets it.
-KILL_BUDGET = 0.5
+KILL_BUDGET = 1.0
 #: How often a stop looks again while it waits.
 _TICK = 0.01
 

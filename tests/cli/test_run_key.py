@@ -113,3 +113,30 @@ def test_a_fence_stops_the_whole_process_group_before_the_claim_hears_of_it(tmp_
         assert state in ("gone", "Z"), (pid, state)
     thread.join(timeout=30)
     assert len(errors) == 1 and isinstance(errors[0], FencedError), errors
+
+
+@pytest.mark.parametrize("mode", [["--run-key", "k"], ["--hold"]])
+def test_sigterm_ends_run_within_seconds_while_kafka_is_unreachable(mode: list[str]) -> None:
+    """No Kafka retry swallows the signal, and nothing waits on the cluster on the way out."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # a blackholed address: connects hang rather than fail
+    proc = subprocess.Popen([sys.executable, "-m", "neli_orchestrate.cli", "run", "-b",
+                             "10.255.255.1:9092", "-n", "acme", "--role", "r", *mode, "--",
+                             "sleep", "100"], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3.0)  # well inside the first connection attempts
+        assert proc.poll() is None, proc.communicate()[1]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.communicate()[1]
+    assert code == 128 + signal.SIGTERM, err
+    assert took < 5.0, (took, err)

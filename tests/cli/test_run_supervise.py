@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.kafka
 
 #: COMMAND: ``log mode``. Modes: ``drain`` (on SIGTERM, takes 30 s to exit: SIGKILL ends it),
 #: ``leave`` (starts a worker in its own process group, exits 0 after 1 s), ``setsid`` (starts
-#: a worker in a new session with setsid(1), then runs), ``ignore`` (ignores SIGTERM).
+#: a worker in a new session with ``setsid -f``, which leaves it an orphan, then runs),
+#: ``ignore`` (ignores SIGTERM). Workers ignore SIGTERM.
 WORK = textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
     log, mode = sys.argv[1], sys.argv[2]
@@ -58,7 +60,7 @@ WORK = textwrap.dedent("""
         time.sleep(1.0)
         sys.exit(0)
     if mode == "setsid":
-        subprocess.Popen(["setsid", sys.executable, "-c", CODE, log, "worker"])
+        subprocess.Popen(["setsid", "-f", sys.executable, "-c", CODE, log, "worker"])
     while True:
         time.sleep(0.05)
 """)
@@ -73,6 +75,8 @@ class Overlap:
         self.seconds = 0.0
         self.samples = 0
         self.pids: dict[int, str] = {}
+        #: monotonic time of the last sample that saw each pid alive
+        self.last_alive: dict[int, float] = {}
         self._offset = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -93,7 +97,11 @@ class Overlap:
 
     def tokens_alive(self) -> set[str]:
         self._read()
-        return {token for pid, token in self.pids.items() if alive(pid)}
+        now = time.monotonic()
+        living = [pid for pid in self.pids if alive(pid)]
+        for pid in living:
+            self.last_alive[pid] = now
+        return {self.pids[pid] for pid in living}
 
     def _sample(self) -> None:
         last = time.monotonic()
@@ -157,7 +165,7 @@ def test_a_second_sigterm_and_a_sigint_cannot_cut_a_slow_stop_short(lines) -> No
              "the command to get SIGTERM")
     east.proc.send_signal(signal.SIGTERM)  # impatient: again, and Ctrl-C
     east.proc.send_signal(signal.SIGINT)
-    code = east.proc.wait(timeout=30)
+    code = _exit_status(east, within=30)
     assert not alive(first["pid"]), "east exited while its command still ran"
     assert code == 128 + signal.SIGTERM, east.finish()[2]
     second = wait_for(lambda: starts(lines.log)[1:], 60, "west to take over")[0]
@@ -169,6 +177,7 @@ def test_a_second_sigterm_and_a_sigint_cannot_cut_a_slow_stop_short(lines) -> No
 
 
 def test_one_shot_run_stops_a_slow_command_whatever_signals_follow(kafka_broker, lines) -> None:
+    sampler = Overlap(lines.log)
     east = lines("us-east-1", "drain", run_key="daily/2013-02-01")
     first = wait_for(lambda: starts(lines.log), 60, "the command")[0]
     east.proc.send_signal(signal.SIGTERM)
@@ -183,6 +192,12 @@ def test_one_shot_run_stops_a_slow_command_whatever_signals_follow(kafka_broker,
     with singleton(kafka_broker, lines.namespace, "reader") as reader:
         latest = reader.status("daemon", "daily/2013-02-01")
     assert latest.state is RunState.FAILED and "SIGTERM" in latest.reason
+    # stop first, then record: FAILED was written after the command's last sign of life
+    sampler.stop()
+    recorded = latest.at - (time.time() - time.monotonic())  # the same host's clocks
+    assert recorded > sampler.last_alive[first["pid"]], (
+        f"FAILED recorded {sampler.last_alive[first['pid']] - recorded:.3f} s before the"
+        " command was gone")
 
 
 def test_hold_stops_what_the_command_left_behind_before_the_next_stint(lines) -> None:
@@ -199,8 +214,10 @@ def test_hold_stops_what_the_command_left_behind_before_the_next_stint(lines) ->
     assert len(workers) >= 2
 
 
-@pytest.mark.parametrize("how", ["kill-9", "sigterm", "sigstop"])
-def test_a_setsid_worker_is_stopped_with_its_stint(lines, how: str) -> None:
+@pytest.mark.parametrize("how", ["kill-9", "sigterm", "sigstop", "kill-9 without cgroup"])
+def test_a_setsid_worker_is_stopped_with_its_stint(lines, how: str, monkeypatch) -> None:
+    if how.endswith("without cgroup"):  # the child subreaper and the sweep alone
+        monkeypatch.setenv("NELI_SUPERVISE_MECHANISM", "subreaper")
     sampler = Overlap(lines.log)
     east = lines("us-east-1", "setsid")
     wait_for(lambda: [e for e in starts(lines.log) if e["mode"] == "worker"], 60,
@@ -208,7 +225,7 @@ def test_a_setsid_worker_is_stopped_with_its_stint(lines, how: str) -> None:
     west = lines("eu-west-1", "setsid")
     time.sleep(1.0)
     east_pids = [e["pid"] for e in starts(lines.log)]
-    if how == "kill-9":
+    if how.startswith("kill-9"):
         east.proc.kill()
     elif how == "sigterm":
         east.proc.terminate()
@@ -283,7 +300,9 @@ def test_a_runner_that_loses_kafka_and_then_freezes_is_stopped_by_its_lease(line
 def test_a_sigterm_right_after_the_start_leaves_nothing_running(lines, delay: float) -> None:
     """The windows between starting COMMAND and guarding it: signal the runner as soon as its
     first child process exists (plus ``delay``)."""
-    east = lines("us-east-1", "setsid", "--grace", "0.2", run_key=f"k/{delay}")
+    # a 6 s session: a loaded machine must not fence the runner before its first child
+    east = lines("us-east-1", "setsid", "--session-timeout", "6", "--grace", "0.2",
+                 run_key=f"k/{delay}")
     deadline = time.monotonic() + 60
     while not keeper.descendants(east.proc.pid):
         assert time.monotonic() < deadline and east.proc.poll() is None, east.finish()
@@ -295,6 +314,16 @@ def test_a_sigterm_right_after_the_start_leaves_nothing_running(lines, delay: fl
     left = [p for p in tree | {e["pid"] for e in starts(lines.log)} if alive(p)]
     assert left == [], f"processes of the stint outlived `run`: {left}"
     assert east.proc.returncode == 128 + signal.SIGTERM, east.finish()
+
+
+def _exit_status(region: Region, within: float) -> int:
+    """The runner's exit status, which must come within ``within`` s (else its log fails)."""
+    try:
+        return region.proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        region.proc.kill()
+        _, err = region.proc.communicate(timeout=30)
+        raise AssertionError(f"the runner did not exit within {within} s:\n{err[-6000:]}") from None
 
 
 def _events(log: Path) -> list[dict]:
