@@ -456,6 +456,33 @@ def hold(single: Any, settings: _Settings, target: Target, command: Sequence[str
         time.sleep(restart_delay if ran else settings.poll)
 
 
+def _first_contact(target: Target, then: str) -> None:
+    """Ask the cluster once, within ``--timeout``; if no broker answers, say so at once in
+    ``doctor``'s words (the address, what to check) instead of retrying silently. A signal
+    ends the wait (the probe runs on a daemon thread)."""
+    from confluent_kafka.admin import AdminClient
+
+    outcome: list[str] = []
+    answered = threading.Event()
+
+    def probe() -> None:
+        try:
+            AdminClient(target.client_config()).list_topics(timeout=target.timeout)
+        except Exception as exc:  # noqa: BLE001 - reported below; the claim retries anyway
+            outcome.append(exc.args[0].str() if exc.args and hasattr(exc.args[0], "str")
+                           else str(exc))
+        answered.set()
+
+    threading.Thread(target=probe, name="neli-run-contact", daemon=True).start()
+    if not answered.wait(target.timeout + 1.0) or outcome:
+        why = outcome[0] if outcome else "no answer"
+        stderr.print(f"warning: no broker at {target.bootstrap_servers} answered within"
+                     f" {target.timeout:g} s ({why}): check the address, that the listener is"
+                     f" reachable from here (DNS, firewall), and"
+                     f" security.protocol/sasl.*/ssl.* (-X key=value); {then}",
+                     highlight=False, markup=False)
+
+
 #: Seconds the ledger's Kafka clients get to close when `run` leaves on a signal or an error.
 CLOSE_ON_SIGNAL = 2.0
 
@@ -535,8 +562,9 @@ def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float]:
               help=f"seconds to wait while another deployment holds the run (then exit "
                    f"{EXIT_WAIT_TIMEOUT})")
 @click.option("--grace", type=float, default=None,
-              help="seconds between SIGTERM and SIGKILL when COMMAND is stopped (default and "
-                   "limit: half of session timeout minus heartbeat timeout)")
+              help="seconds between SIGTERM and SIGKILL when COMMAND is stopped (limit: session "
+                   "- heartbeat timeout - group heartbeat - clock error - 1 s; default: half of "
+                   "session minus heartbeat timeout, within the limit)")
 @setting_option("handoff_timeout", "--handoff-timeout",
                 help="seconds a FAILED run waits for its own deployment to retry before another "
                      "may take it over")
@@ -601,6 +629,12 @@ def run(target: Target, role: str, run_key: str | None, hold_mode: bool, deploym
     base = {"role": role, **({"run_key": key} if key else {}), "deployment": settings.deployment}
     signals.install()
     try:
+        if click.get_current_context().get_parameter_source(
+                "bootstrap_servers") is click.core.ParameterSource.DEFAULT:
+            stderr.print(f"note: no --bootstrap-servers or NELI_BOOTSTRAP_SERVERS given: using"
+                         f" {target.bootstrap_servers}", highlight=False, markup=False)
+        _first_contact(target, "retrying" + ("" if hold_mode else
+                                             f" for up to --wait-timeout {wait_timeout:g} s"))
         try:
             if hold_mode:
                 code = hold(single, settings, target, command, restart_delay, as_json)

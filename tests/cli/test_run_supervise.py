@@ -330,3 +330,16 @@ def _events(log: Path) -> list[dict]:
     if not log.exists():
         return []
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def test_a_command_that_cannot_start_exits_127_and_the_ledger_says_why(kafka_broker,
+                                                                       lines) -> None:
+    region = Region(kafka_broker, lines.namespace, "us-east-1", "daemon", "daily/2013-02-02",
+                    ["no-such-command-neli"])
+    code, out, err = region.finish()
+    assert code == 127, err
+    assert "command not found: no-such-command-neli" in err
+    with singleton(kafka_broker, lines.namespace, "reader") as reader:
+        latest = reader.status("daemon", "daily/2013-02-02")
+    assert latest.state is RunState.FAILED
+    assert "command not found: no-such-command-neli" in latest.reason
