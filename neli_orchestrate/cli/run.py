@@ -255,7 +255,7 @@ def _supervise(run: Any, command: Sequence[str], env: Mapping[str, str], *, grac
     keeper stops it when the lease, the member's leadership deadline, runs out or the
     runner's pipe closes).
     """
-    from neli_orchestrate.supervise import CommandNotStarted, start
+    from neli_orchestrate.supervise.work import CommandNotStarted, start
 
     signals.supervising = True  # from here no signal raises until the work is gone
     try:
@@ -369,8 +369,15 @@ def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
                     token = None
                 outcome, reason, record = run.outcome, run.reason, run.record
         except CommandFailed as exc:
+            from neli_orchestrate.ledger.record import format_epoch
+
+            handoff = single.config.policy.handoff_timeout
             _result(as_json, {**base, "result": "failed", "ran_in": settings.deployment,
-                              "exit_status": exc.code}, None)
+                              "exit_status": exc.code},
+                    f"{exc}: recorded FAILED for role {settings.role!r} run {run_key!r}; this"
+                    f" deployment retries first (run the line again), other deployments may"
+                    f" take the run over from {format_epoch(time.time() + handoff)}"
+                    f" (--handoff-timeout {handoff:g} s)", err=True)
             return exc.code
         except FencedError as exc:
             settings.signals.check()  # a fence during a stop for a signal: terminated
@@ -512,7 +519,7 @@ def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float]:
     stop (grace, then SIGKILL and its confirmation) must end before another member may lead.
     A grace, or a timing, for which it cannot is refused here, with the arithmetic.
     """
-    from neli_orchestrate.supervise import KILL_BUDGET
+    from neli_orchestrate.supervise.keeper import KILL_BUDGET
 
     resolved = single.config.neli.resolved
     session, heartbeat = resolved.session_timeout, resolved.heartbeat_timeout
