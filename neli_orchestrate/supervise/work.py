@@ -202,6 +202,8 @@ class Work:
         tree = Tree(os.getpid(), cgroup=Cgroup(path) if path else None, reap=reap_children)
         tree.seen.add(self.pid)
         termed, killed, left = tree.stop(0.0)
+        if tree.cgroup is not None and not left:
+            tree.cgroup.remove()
         self.ending = Ending(None, "keeper gone", termed, killed, tuple(left))
         self._close()
         return self.ending
