@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger.record import LedgerRecord, RunState
+from neli_orchestrate.ledger.record import LedgerRecord, RunState, format_epoch
 from neli_orchestrate.ledger.replay import Replay
 from neli_orchestrate.liveness import DeploymentLiveness
 
@@ -258,7 +258,7 @@ def decide(
             return Decision(
                 Outcome.WAIT,
                 f"{who} claimed it with token {latest.token}; its executor has until"
-                f" {deadline:.3f} to start",
+                f" {format_epoch(deadline)} to start",
                 latest,
                 attempt=latest.attempt,
                 wait_until=deadline,
@@ -327,7 +327,8 @@ def decide(
     if now <= deadline:
         return Decision(
             Outcome.WAIT,
-            f"{who} failed attempt {latest.attempt} and retries first, until {deadline:.3f}",
+            f"{who} failed attempt {latest.attempt} and retries first, until"
+            f" {format_epoch(deadline)}",
             latest,
             attempt=latest.attempt,
             wait_until=deadline,

@@ -33,11 +33,9 @@ import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
@@ -164,47 +162,15 @@ def render_run_key(template: str, *, now: datetime | None = None, timezone: str 
     return key
 
 
-# -- COMMAND in its own process group, and the guard that outlives the runner ----------------
-
-#: The guard: ``python -c _GUARD_SOURCE PGID TIMEOUT GRACE`` reads pings on stdin. ``q`` ends
-#: it quietly (the runner stopped COMMAND itself); EOF (the runner died) or no ping for TIMEOUT
-#: seconds (the runner is frozen) stops the process group: SIGTERM, SIGKILL after GRACE. Exit
-#: status 3 says it stopped the group. Standard library only, so it starts in milliseconds.
-_GUARD_SOURCE = r"""
-import os, select, signal, sys, time
-pgid, timeout, grace = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-def alive():
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-def stop():
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        end = time.monotonic() + wait
-        while time.monotonic() < end and alive():
-            time.sleep(0.02)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-while True:
-    ready, _, _ = select.select([0], [], [], timeout)
-    if not ready:
-        stop(); sys.exit(3)
-    data = os.read(0, 4096)
-    if not data:
-        stop(); sys.exit(3)
-    if b"q" in data:
-        sys.exit(0)
-"""
+# -- COMMAND under the supervisor, and the signals that stop it -------------------------------
 
 
-class Terminated(Exception):  # noqa: N818 - a signal, not an error of ours
-    """The runner received SIGTERM or SIGINT: stop COMMAND, record, exit 128 + signal."""
+class Terminated(BaseException):  # noqa: N818 - a signal, not an error of ours
+    """The runner received SIGTERM or SIGINT: stop COMMAND, record, exit 128 + signal.
+
+    A BaseException, like KeyboardInterrupt: no ``except Exception`` (a Kafka retry loop)
+    can swallow it.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"terminated by {signal.Signals(signum).name}")
@@ -215,141 +181,136 @@ class CommandFailed(Exception):
     """COMMAND exited non-zero (recorded FAILED with this message)."""
 
     def __init__(self, code: int, command: Sequence[str], why: str = "") -> None:
-        super().__init__(f"command {list(command)[:3]} exited with status {code}{why}")
+        super().__init__(why if code in (126, 127) and why else
+                         f"command {list(command)[:3]} exited with status {code}{why}")
         self.code = code
 
 
-@dataclass
-class _Process:
-    """COMMAND running in its own process group, watched by a guard process."""
+class _Signals:
+    """SIGTERM and SIGINT for the whole command, in two modes.
 
-    proc: subprocess.Popen[bytes]
-    guard: subprocess.Popen[bytes]
-    grace: float
+    *Armed* (nothing runs): the first signal raises :class:`Terminated` in the main thread, so
+    a wait on Kafka ends at once. *Supervising* (from just before COMMAND starts until
+    everything it started is confirmed gone): a signal is only remembered and wakes the
+    waiting main thread, which stops the work itself; no signal, however many, can raise in
+    the middle of a stop.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.supervising = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._previous: dict[int, Any] = {}
 
     @property
-    def pgid(self) -> int:
-        return self.proc.pid
+    def wake(self) -> int:
+        return self._wake_r
 
-    def ping(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            assert self.guard.stdin is not None
-            self.guard.stdin.write(b".")
-            self.guard.stdin.flush()
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handler)
 
-    def stop(self, reason: str) -> None:
-        """SIGTERM to the process group, SIGKILL after the grace period; returns once gone."""
-        if self.proc.poll() is None:
-            log.warning("stopping command (pid %s, its process group): %s", self.pgid, reason)
-        for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                break
-            end = time.monotonic() + wait
-            while time.monotonic() < end and _group_alive(self.pgid, self.proc):
-                time.sleep(0.02)
-            if not _group_alive(self.pgid, self.proc):
-                break
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5.0)
-
-    def release_guard(self) -> bool:
-        """End the guard quietly; True if the guard had stopped COMMAND itself."""
-        with contextlib.suppress(OSError, ValueError):
-            assert self.guard.stdin is not None
-            self.guard.stdin.write(b"q")
-            self.guard.stdin.close()
-        try:
-            code = self.guard.wait(timeout=10.0)
-        except subprocess.TimeoutExpired:
-            self.guard.kill()
-            code = self.guard.wait()
-        return code == 3
-
-
-def _group_alive(pgid: int, proc: subprocess.Popen[bytes]) -> bool:
-    proc.poll()  # reap the leader, or it counts as alive (a zombie still has its group)
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _start(command: Sequence[str], env: Mapping[str, str], grace: float,
-           guard_timeout: float) -> _Process:
-    try:
-        proc = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
-    except OSError as exc:
-        raise CommandFailed(127, command) from exc
-    guard = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _GUARD_SOURCE, str(proc.pid), str(guard_timeout),
-         str(grace)],
-        stdin=subprocess.PIPE, start_new_session=True)
-    log.info("started %s (pid %s, own process group); guard pid %s", list(command)[:3],
-             proc.pid, guard.pid)
-    return _Process(proc, guard, grace)
-
-
-def _exit_status(returncode: int) -> int:
-    """A shell's exit status for ``returncode`` (killed by signal N: 128 + N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-@contextlib.contextmanager
-def _terminate_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGINT into :class:`Terminated` in the main thread, for the block."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise Terminated(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
+    def restore(self) -> None:
+        for sig, old in self._previous.items():
             signal.signal(sig, old)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        again = self.received is not None
+        first = self.received if self.received is not None else signum
+        self.received = first
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+        if self.supervising:
+            if again:
+                log.warning("%s while stopping the command: the stop goes on to the end",
+                            signal.Signals(signum).name)
+            return
+        raise Terminated(first)
+
+    def drain(self) -> None:
+        with contextlib.suppress(OSError):
+            os.set_blocking(self._wake_r, False)
+            while os.read(self._wake_r, 512):
+                pass
+        os.set_blocking(self._wake_r, True)
+
+    def check(self) -> None:
+        """Raise :class:`Terminated` if a signal came while supervising."""
+        if self.received is not None:
+            raise Terminated(self.received)
 
 
 def _supervise(run: Any, command: Sequence[str], env: Mapping[str, str], *, grace: float,
-               guard_timeout: float, ping_interval: float) -> int:
+               ping_interval: float, signals: _Signals) -> int:
     """Run COMMAND under ``run`` (a :class:`~neli_orchestrate.singleton.run.Run`); its exit status.
 
-    A fence (the watchdog thread calls back) stops the process group before the claim block
-    can record or release anything; SIGTERM/SIGINT stop it too and re-raise as
-    :class:`Terminated`.
+    Every way out stops everything COMMAND started before this returns or raises (so before
+    the claim block records or releases anything): a fence (the watchdog thread's callback
+    stops it and returns once it is gone), SIGTERM/SIGINT (raised as :class:`Terminated` after
+    the stop), COMMAND's own exit (its leftovers are stopped), a frozen or dead runner (the
+    keeper stops it when the lease, the member's leadership deadline, runs out or the
+    runner's pipe closes).
     """
-    process = _start(command, env, grace, guard_timeout)
-    stop = threading.Event()
+    from neli_orchestrate.supervise.work import CommandNotStarted, start
 
-    def pinger() -> None:
-        while not stop.wait(ping_interval):
-            if run.fenced:
-                return  # let the guard time out too if the fence callback cannot stop it
-            process.ping()
-
-    threading.Thread(target=pinger, name="neli-run-guard-ping", daemon=True).start()
-    run.on_fence(lambda reason: process.stop(f"fenced: {reason}"))
+    signals.supervising = True  # from here no signal raises until the work is gone
     try:
+        signals.check()  # a signal before the start: nothing starts
+        lease = run.lease_deadline()
+        if lease is None:
+            run.check()  # fenced already: FencedError, nothing started
+            raise FencedError(f"role {run.role!r}: not leading when the command was to start",
+                              role=run.role, token=run.token)
         try:
-            returncode = process.proc.wait()
-        except BaseException as exc:
-            process.stop(str(exc) or type(exc).__name__)
-            raise
+            work = start(command, env, grace=grace, lease=lease)
+        except CommandNotStarted as exc:
+            stderr.print(str(exc), highlight=False, markup=False)
+            raise CommandFailed(exc.status, command, str(exc)) from None
+        ending = _wait(run, work, ping_interval, signals)
     finally:
-        stop.set()
-        guard_stopped = process.release_guard()
-    if guard_stopped and not run.fenced:
-        # the runner stalled past the heartbeat timeout yet kept leadership: the command was
+        signals.supervising = False
+    if ending.left:
+        log.error("processes of the command survived SIGKILL: %s", list(ending.left))
+    signals.check()  # stopped for a signal: recorded FAILED by the claim block
+    run.check()  # fenced: FencedError, nothing recorded
+    if ending.cause == "lease ended":
+        # the runner stalled past its leadership deadline yet kept leadership: the command was
         # stopped all the same, so the run failed (recorded FAILED; the same deployment retries)
-        raise CommandFailed(_exit_status(returncode), command,
-                            ": this runner stalled past the member's heartbeat timeout and its"
-                            " guard stopped the command")
-    return _exit_status(returncode)
+        raise CommandFailed(ending.exit_status, command,
+                            ": this runner's proof of leadership ran out and its keeper stopped"
+                            " the command")
+    if ending.cause not in ("exited",):
+        log.warning("the command ended: %s", ending.cause)
+    return ending.exit_status
 
+
+def _wait(run: Any, work: Any, ping_interval: float, signals: _Signals) -> Any:
+    """Wait for ``work`` while renewing its lease; stop it on a signal or a fence."""
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(ping_interval):
+            work.renew(run.lease_deadline())  # None once fenced or not leading: not renewed
+
+    threading.Thread(target=renew, name="neli-run-lease", daemon=True).start()
+    run.on_fence(lambda reason: work.stop(f"fenced: {reason}"))
+    try:
+        while True:
+            ending = work.wait(wake=signals.wake)
+            if ending is not None:
+                return ending
+            signals.drain()
+            if signals.received is not None:
+                return work.stop(f"terminated by {signal.Signals(signals.received).name}")
+    except BaseException as exc:
+        work.stop(f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        done.set()
 
 # -- the command -----------------------------------------------------------------------------
 
@@ -361,8 +322,8 @@ class _Settings:
     grace: float
     wait_timeout: float
     poll: float
-    guard_timeout: float
     ping_interval: float
+    signals: _Signals
 
 
 def _singleton(target: Target, **values: Any) -> Any:
@@ -393,14 +354,14 @@ def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
     last_wait = ""
     while True:
         try:
-            with _terminate_on_signals(), single.claim(settings.role, run_key) as run:
+            with single.claim(settings.role, run_key) as run:
                 if run.should_run:
                     env = _command_env(run, target)
                     log.info("role %r run %r: %s with token %s", settings.role, run_key,
                              run.outcome, run.token)
                     code = _supervise(run, command, env, grace=settings.grace,
-                                      guard_timeout=settings.guard_timeout,
-                                      ping_interval=settings.ping_interval)
+                                      ping_interval=settings.ping_interval,
+                                      signals=settings.signals)
                     if code != 0:
                         raise CommandFailed(code, command)  # recorded FAILED by the claim
                     token = run.token
@@ -408,20 +369,25 @@ def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
                     token = None
                 outcome, reason, record = run.outcome, run.reason, run.record
         except CommandFailed as exc:
+            from neli_orchestrate.ledger.record import format_epoch
+
+            handoff = single.config.policy.handoff_timeout
             _result(as_json, {**base, "result": "failed", "ran_in": settings.deployment,
-                              "exit_status": exc.code}, None)
+                              "exit_status": exc.code},
+                    f"{exc}: recorded FAILED for role {settings.role!r} run {run_key!r}; this"
+                    f" deployment retries first (run the line again), other deployments may"
+                    f" take the run over from {format_epoch(time.time() + handoff)}"
+                    f" (--handoff-timeout {handoff:g} s)", err=True)
             return exc.code
-        except Terminated as exc:
-            _result(as_json, {**base, "result": "terminated", "exit_status": 128 + exc.signum},
-                    f"{exc}: command stopped, run recorded FAILED", err=True)
-            return 128 + exc.signum
         except FencedError as exc:
+            settings.signals.check()  # a fence during a stop for a signal: terminated
             _result(as_json, {**base, "result": "fenced", "token": exc.token,
                               "exit_status": EXIT_FENCED},
                     f"fenced: {exc}. The command was stopped; nothing was recorded as"
                     f" completed.", err=True)
             return EXIT_FENCED
         except KafkaUnavailableError as exc:  # transient: wait, up to --wait-timeout
+            settings.signals.check()
             if time.monotonic() >= deadline:
                 stderr.print(f"error: {exc}", highlight=False, markup=False)
                 return EXIT_UNAVAILABLE
@@ -453,39 +419,19 @@ def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
                               "exit_status": EXIT_WAIT_TIMEOUT},
                     f"waited {settings.wait_timeout:g} s: {reason}", err=True)
             return EXIT_WAIT_TIMEOUT
-        with _terminate_on_signals_quietly() as stopped:
-            stopped.wait(min(settings.poll, remaining))
-        if stopped.is_set():
-            return 143
-
-
-@contextlib.contextmanager
-def _terminate_on_signals_quietly() -> Iterator[threading.Event]:
-    """While waiting (nothing runs here), SIGTERM/SIGINT just end the wait."""
-    stopped = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        stopped.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stopped
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        time.sleep(min(settings.poll, remaining))  # a signal raises Terminated (nothing runs)
 
 
 def hold(single: Any, settings: _Settings, target: Target, command: Sequence[str],
          restart_delay: float, as_json: bool) -> int:
     """The hold form: COMMAND runs while this deployment leads ``role``; returns on SIGTERM."""
-    stopping = threading.Event()
     stints = 0
-    while not stopping.is_set():
+    while True:
         stamp = datetime.now(tz=ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         run_key = f"hold/{stamp}/{settings.deployment}/{os.getpid()}"
         ran = False
         try:
-            with _terminate_on_signals(), single.claim(settings.role, run_key) as run:
+            with single.claim(settings.role, run_key) as run:
                 if run.should_run:
                     ran = True
                     stints += 1
@@ -496,19 +442,14 @@ def hold(single: Any, settings: _Settings, target: Target, command: Sequence[str
                             f"leading {settings.role} (token {run.token}): starting command",
                             err=True)
                     code = _supervise(run, command, env, grace=settings.grace,
-                                      guard_timeout=settings.guard_timeout,
-                                      ping_interval=settings.ping_interval)
+                                      ping_interval=settings.ping_interval,
+                                      signals=settings.signals)
                     _result(as_json, {"role": settings.role, "event": "exited",
                                       "exit_status": code, "token": run.token},
                             f"command exited with status {code} while leading; restarting"
                             f" in {restart_delay:g} s", err=True)
                     if code != 0:
                         raise CommandFailed(code, command)
-        except Terminated as exc:
-            # stopped (the claim block recorded FAILED for a running stint): leave the group
-            _result(as_json, {"role": settings.role, "event": "stopped",
-                              "exit_status": 0}, f"{exc}: stopped", err=True)
-            return 0
         except CommandFailed:
             pass
         except FencedError as exc:
@@ -516,30 +457,100 @@ def hold(single: Any, settings: _Settings, target: Target, command: Sequence[str
                     f"fenced: {exc}. The command was stopped; contending again", err=True)
         except KafkaUnavailableError as exc:
             log.warning("%s; retrying", exc)
-        with _terminate_on_signals_quietly() as stopped:
-            stopped.wait(restart_delay if ran else settings.poll)
-        if stopped.is_set():
-            return 0
-    return 0
+        # A signal that came while stopping the command, whatever else ended the stint (a
+        # fence may be reported instead), ends the hold here; one from now on raises.
+        settings.signals.check()
+        time.sleep(restart_delay if ran else settings.poll)
 
 
-def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float, float]:
-    """(grace, guard timeout, ping interval) from the member's timing; refuses a grace that
-    would let COMMAND outlive the session (a successor could start while it still runs)."""
+def _first_contact(target: Target, then: str) -> None:
+    """Ask the cluster once, within ``--timeout``; if no broker answers, say so at once in
+    ``doctor``'s words (the address, what to check) instead of retrying silently. A signal
+    ends the wait (the probe runs on a daemon thread)."""
+    from confluent_kafka.admin import AdminClient
+
+    outcome: list[str] = []
+    answered = threading.Event()
+
+    def probe() -> None:
+        try:
+            AdminClient(target.client_config()).list_topics(timeout=target.timeout)
+        except Exception as exc:  # noqa: BLE001 - reported below; the claim retries anyway
+            outcome.append(exc.args[0].str() if exc.args and hasattr(exc.args[0], "str")
+                           else str(exc))
+        answered.set()
+
+    threading.Thread(target=probe, name="neli-run-contact", daemon=True).start()
+    if not answered.wait(target.timeout + 1.0) or outcome:
+        why = outcome[0] if outcome else "no answer"
+        stderr.print(f"warning: no broker at {target.bootstrap_servers} answered within"
+                     f" {target.timeout:g} s ({why}): check the address, that the listener is"
+                     f" reachable from here (DNS, firewall), and"
+                     f" security.protocol/sasl.*/ssl.* (-X key=value); {then}",
+                     highlight=False, markup=False)
+
+
+#: Seconds the ledger's Kafka clients get to close when `run` leaves on a signal or an error.
+CLOSE_ON_SIGNAL = 2.0
+
+
+def _close_within(single: Any, seconds: float) -> None:
+    """Close ``single`` on a helper thread; give up waiting after ``seconds``."""
+    thread = threading.Thread(target=single.close, name="neli-run-close", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        log.warning("the ledger's Kafka clients did not close within %g s; leaving", seconds)
+
+
+def guard_margin(resolved: Any) -> float:
+    """Seconds from the end of a member's last proof of leadership (its lease) to the earliest
+    moment another member may lead: ``session_timeout - heartbeat_timeout -
+    group_heartbeat_interval - clock_error``, the slack of the exclusive-mode rule
+    (:func:`neli_orchestrate.core.config` refuses a member without it)."""
+    return float(resolved.session_timeout - resolved.heartbeat_timeout
+                 - resolved.group_heartbeat_interval - resolved.clock_error)
+
+
+def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float]:
+    """(grace, lease renewal interval) from the member's timing.
+
+    The keeper stops COMMAND when the lease (the member's leadership deadline) runs out; the
+    stop (grace, then SIGKILL and its confirmation) must end before another member may lead.
+    A grace, or a timing, for which it cannot is refused here, with the arithmetic.
+    """
+    from neli_orchestrate.supervise.keeper import KILL_BUDGET
+
     resolved = single.config.neli.resolved
     session, heartbeat = resolved.session_timeout, resolved.heartbeat_timeout
-    limit = resolved.stop_budget   # the same budget a ride-through leaves (protocol.md, 8a)
+    margin = guard_margin(resolved)
+    # The stop must also fit the budget a ride-through leaves after its lease (the member may
+    # keep leading through a broker's crash until then: docs/internals/protocol.md, 8a).
+    budget = min(margin, resolved.stop_budget)
+    limit = round(budget - KILL_BUDGET, 3)
+    arithmetic = (f"session_timeout {session:g} - heartbeat_timeout {heartbeat:g} -"
+                  f" group_heartbeat_interval {resolved.group_heartbeat_interval:g} -"
+                  f" clock_error {resolved.clock_error:g} = {margin:g} s between the end of"
+                  f" this member's last proof of leadership and the earliest moment another"
+                  f" deployment may lead, of which a lease that rode through a broker's crash"
+                  f" leaves stop_budget (session_timeout - heartbeat_timeout) / 2 ="
+                  f" {resolved.stop_budget:g} s")
+    if limit <= 0:
+        raise ConfigError(
+            f"this timing cannot stop COMMAND in time: {arithmetic}, and stopping it needs"
+            f" the grace plus {KILL_BUDGET:g} s for SIGKILL and its confirmation; shorten"
+            f" --heartbeat-timeout or raise --session-timeout")
     if grace is None:
         grace = limit
-    elif grace > limit:
-        raise ConfigError(
-            f"--grace {grace:g} s is too long for a session timeout of {session:g} s: COMMAND"
-            f" must be gone before a successor can lead, so the grace must stay below"
-            f" (session_timeout - heartbeat_timeout) / 2 = {limit:g} s; raise"
-            f" --session-timeout or shorten --grace")
     elif grace < 0:
         raise ConfigError(f"--grace must be zero or more seconds, got {grace:g}")
-    return grace, heartbeat, min(0.25, heartbeat / 4)
+    elif grace > limit:
+        raise ConfigError(
+            f"--grace {grace:g} s is too long: {arithmetic}, and the stop takes the grace plus"
+            f" {KILL_BUDGET:g} s for SIGKILL and its confirmation, so the grace may be at"
+            f" most {limit:g} s; shorten --grace, shorten --heartbeat-timeout or raise"
+            f" --session-timeout")
+    return grace, min(0.25, heartbeat / 4)
 
 
 # allow_interspersed_args off: everything from COMMAND on is COMMAND's, even without "--"
@@ -563,8 +574,9 @@ def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float, float
               help=f"seconds to wait while another deployment holds the run (then exit "
                    f"{EXIT_WAIT_TIMEOUT})")
 @click.option("--grace", type=float, default=None,
-              help="seconds between SIGTERM and SIGKILL when COMMAND is stopped (default and "
-                   "limit: half of session timeout minus heartbeat timeout)")
+              help="seconds between SIGTERM and SIGKILL when COMMAND is stopped (limit: session "
+                   "- heartbeat timeout - group heartbeat - clock error - 1 s; default: half of "
+                   "session minus heartbeat timeout, within the limit)")
 @setting_option("handoff_timeout", "--handoff-timeout",
                 help="seconds a FAILED run waits for its own deployment to retry before another "
                      "may take it over")
@@ -618,21 +630,45 @@ def run(target: Target, role: str, run_key: str | None, hold_mode: bool, deploym
             heartbeat_timeout=heartbeat_timeout,
             acquire_timeout=max(5.0, min(60.0, wait_timeout)) if not hold_mode else 60.0,
             handoff_timeout=handoff_timeout, max_attempts=max_attempts)
-        grace, guard_timeout, ping = _guard_bounds(single, grace)
+        grace, ping = _guard_bounds(single, grace)
     except ConfigError as exc:
         raise click.BadParameter(str(exc)) from None
     session = single.config.neli.resolved.session_timeout
+    signals = _Signals()
     settings = _Settings(role=role, deployment=deployment.strip(), grace=grace,
                          wait_timeout=wait_timeout, poll=min(2.0, max(0.1, session / 5)),
-                         guard_timeout=guard_timeout, ping_interval=ping)
+                         ping_interval=ping, signals=signals)
+    base = {"role": role, **({"run_key": key} if key else {}), "deployment": settings.deployment}
+    signals.install()
     try:
-        with single:
+        if click.get_current_context().get_parameter_source(
+                "bootstrap_servers") is click.core.ParameterSource.DEFAULT:
+            stderr.print(f"note: no --bootstrap-servers or NELI_BOOTSTRAP_SERVERS given: using"
+                         f" {target.bootstrap_servers}", highlight=False, markup=False)
+        _first_contact(target, "retrying" + ("" if hold_mode else
+                                             f" for up to --wait-timeout {wait_timeout:g} s"))
+        try:
             if hold_mode:
-                return hold(single, settings, target, command, restart_delay, as_json)
-            return run_once(single, settings, target, key, command, as_json)
+                code = hold(single, settings, target, command, restart_delay, as_json)
+            else:
+                code = run_once(single, settings, target, key, command, as_json)
+        except BaseException:
+            # Leaving on a signal or an error: nothing of ours runs any more and the role is
+            # released; closing the ledger's clients may wait on an unreachable cluster.
+            _close_within(single, CLOSE_ON_SIGNAL)
+            raise
+        single.close()
+        return code
+    except Terminated as exc:
+        # Whatever ran here was stopped before this (and, if a claim was held, recorded FAILED).
+        _result(as_json, {**base, "result": "terminated", "exit_status": 128 + exc.signum},
+                f"{exc}: stopped", err=True)
+        return 128 + exc.signum
     except (AuthorizationError, ConfigError) as exc:
         stderr.print(f"error: {exc}", highlight=False, markup=False)
         return EXIT_CONFIG
     except NeliError as exc:
         stderr.print(f"error: {exc}", highlight=False, markup=False)
         return 1
+    finally:
+        signals.restore()

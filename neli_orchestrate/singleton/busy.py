@@ -53,9 +53,8 @@ def while_preparing(check: Callable[[], T], prepare: Callable[[], None], name: s
             prepared.set_result(None)
 
     threading.Thread(target=run, name=name, daemon=True).start()
-    try:
-        result = check()
-    finally:
-        prepared.exception()  # wait: nothing joins the group before the ledger is ready
-    prepared.result()
+    # An error or a signal (the CLI's Terminated) in check() leaves at once: nothing joins the
+    # group then, and the warm-up (a daemon thread) may wait on an unreachable cluster.
+    result = check()
+    prepared.result()  # wait: nothing joins the group before the ledger is ready
     return result

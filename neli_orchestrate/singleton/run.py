@@ -78,6 +78,7 @@ class Run(Reservation):
         object.__setattr__(self, "_callbacks", [])
         object.__setattr__(self, "_retry_in", _UNSAID)
         object.__setattr__(self, "_held", None)
+        object.__setattr__(self, "_lease", None)
 
     _lock: threading.Lock = field(init=False, repr=False)
     _fenced: str | None = field(init=False, repr=False)
@@ -85,6 +86,18 @@ class Run(Reservation):
     _retry_in: float | None | object = field(init=False, repr=False)
     #: Set by the singleton while the run is held: writes RUNNING updates of this claim.
     _held: Any = field(init=False, repr=False)
+    #: Set by the singleton while the run is held: the member's leadership deadline.
+    _lease: Callable[[], float | None] | None = field(init=False, repr=False)
+
+    def lease_deadline(self) -> float | None:
+        """The monotonic instant (``time.monotonic``) at which this member's last proof of
+        leadership runs out, unless renewed; None when it does not lead (or the run is not
+        held). A process outside the member (``neli-orchestrate run``'s keeper) stops the work
+        by then."""
+        lease = self._lease
+        if lease is None or self._fenced is not None:
+            return None
+        return lease()
 
     @property
     def unstopped(self) -> tuple[str, ...]:

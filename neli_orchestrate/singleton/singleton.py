@@ -494,6 +494,8 @@ class Singleton:
         run.on_fence(lambda reason: self._metric(Metric.FENCE, run.role, run.run_key))
         held = _Held(self, writer, record)
         object.__setattr__(run, "_held", held)
+        deadline = getattr(lead.neli, "leadership_deadline", None)
+        object.__setattr__(run, "_lease", deadline if callable(deadline) else None)
         lead.attach(run)
         try:
             lead.verify()

@@ -774,6 +774,119 @@ def test_execution_timeout_stops_the_work_before_failed_is_recorded_and_the_grou
     assert "AirflowTaskTimeout" in (record.reason or ""), record
 
 
+@pytest.mark.kafka
+def test_a_setsid_worker_of_the_work_is_stopped_before_failed_is_recorded(tmp_path,
+                                                                          neli_conn) -> None:
+    """The work's process starts a worker in a new session that outlives its parent (``setsid
+    -f``): the try, a child subreaper, adopts it and stops it before anything is recorded."""
+    import json as _json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from dagtest_runner import run_dag
+
+    pid, probe = tmp_path / "worker.pid", tmp_path / "probe.txt"
+    dag = STOP_FIRST_DAG.replace(
+        'bash_command="sleep 20 & echo $! > {pid}; wait"',
+        'bash_command="setsid -f sh -c \'echo $$ > {pid}; exec sleep 20\'; sleep 20"')
+    assert dag != STOP_FIRST_DAG
+    conn = neli_conn(A, conn_id="neli_default")
+    result = run_dag(
+        tmp_path, dag.format(pid=str(pid), probe=str(probe)), "stop_first",
+        connections={"neli_default": {"conn_type": "neli", "host": conn.host,
+                                      "extra": _json.loads(conn.extra)}},
+    )
+    assert "AirflowTaskTimeout" in result.output, result.output[-4000:]
+    notes = [line.split() for line in probe.read_text().splitlines()]
+    during = [(what, alive) for what, alive in notes if alive != "None"]
+    assert ("record:FAILED", "False") in during, (during, result.output[-3000:])
+    assert all(alive == "False" for _, alive in during), during
+    worker = int(pid.read_text())
+    assert not Path(f"/proc/{worker}").exists() or "Z" in Path(
+        f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[:1]
+
+
+class Spawner(BaseOperator):
+    """Work whose process starts a worker in a new session; its on_kill takes a while."""
+
+    def __init__(self, *, pid_file: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pid_file = pid_file
+        self.killed = 0
+
+    def execute(self, context: Any) -> None:
+        import subprocess
+
+        subprocess.run(["setsid", "-f", "sh", "-c", f"echo $$ > {self.pid_file}; exec sleep 60"],
+                       check=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        raise AssertionError("SIGTERM never interrupted the work")
+
+    def on_kill(self) -> None:
+        import os
+
+        self.killed += 1
+        if self.killed == 1:  # a second SIGTERM arrives while the work is being stopped
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)
+
+
+def test_a_second_sigterm_during_the_stop_cannot_cut_it_short(fake, tmp_path) -> None:
+    import os
+    from pathlib import Path
+
+    pid_file = tmp_path / "worker.pid"
+    seen_at_record: list[bool] = []
+    execute = fake.execute
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return execute(*args, **kwargs)
+        except BaseException:
+            # what Singleton.execute does next: record FAILED; the worker must be gone now
+            seen_at_record.append(_alive_pid(int(pid_file.read_text())))
+            raise
+
+    fake.execute = recording  # type: ignore[method-assign]
+    airflow_calls: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: airflow_calls.append(signum))
+    try:
+        with DAG("fenced_dag", schedule=None, start_date=LOGICAL):
+            task = fenced(Spawner)(task_id="job", pid_file=str(pid_file))
+            LeaderGateOperator(task_id="claim_run", role=ROLE) >> task
+
+        def terminate() -> None:
+            deadline = time.monotonic() + 20
+            while not (pid_file.exists() and pid_file.read_text().strip()):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        thread = threading.Thread(target=terminate)
+        thread.start()
+        with pytest.raises(AirflowException, match="SIGTERM"):
+            task.execute(context_for(task, claim()))
+        thread.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert airflow_calls == [signal.SIGTERM, signal.SIGTERM]  # both reached Airflow's handler
+    assert seen_at_record == [False], "the setsid worker outlived the stop"
+    assert not _alive_pid(int(Path(pid_file).read_text()))
+
+
+def _alive_pid(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
 def test_the_docs_say_what_a_fence_raises() -> None:
     # docs/guide/airflow.md once said a fence raised AirflowFailException "without retries" while
     # the code raised a retryable AirflowException (the tests above pin the code's choice).

@@ -67,14 +67,15 @@ def test_the_command_refuses_bad_input_before_touching_kafka() -> None:
 
 
 def test_a_fence_stops_the_whole_process_group_before_the_claim_hears_of_it(tmp_path) -> None:
-    """The fence callback (the watchdog's thread) returns only once COMMAND's process group,
-    a grandchild that ignores SIGTERM included, is gone: the claim records and releases after."""
+    """The fence callback (the watchdog's thread) returns only once everything COMMAND
+    started, a grandchild that ignores SIGTERM included, is gone: the claim records and
+    releases after."""
     import os
     import sys
     import threading
     import time
 
-    from neli_orchestrate.cli.run import _supervise
+    from neli_orchestrate.cli.run import _Signals, _supervise
     from neli_orchestrate.decision import Outcome
     from neli_orchestrate.singleton.run import Run
 
@@ -86,10 +87,17 @@ def test_a_fence_stops_the_whole_process_group_before_the_claim_hears_of_it(tmp_
               "time.sleep(600)\n")
     run = Run(role="r", run_key="k", deployment="d", outcome=Outcome.RUN, reason="",
               token=7, record=None)
-    result: list[object] = []
-    thread = threading.Thread(target=lambda: result.append(_supervise(
-        run, [sys.executable, "-c", script], dict(os.environ), grace=0.5, guard_timeout=30,
-        ping_interval=0.1)))
+    object.__setattr__(run, "_lease", lambda: time.monotonic() + 30)  # what the singleton sets
+    errors: list[BaseException] = []
+
+    def supervise() -> None:
+        try:
+            _supervise(run, [sys.executable, "-c", script], dict(os.environ), grace=0.5,
+                       ping_interval=0.1, signals=_Signals())
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    thread = threading.Thread(target=supervise)
     thread.start()
     deadline = time.monotonic() + 30
     while not (pids.exists() and len(pids.read_text().split()) == 2):
@@ -104,6 +112,31 @@ def test_a_fence_stops_the_whole_process_group_before_the_claim_hears_of_it(tmp_
             state = "gone"
         assert state in ("gone", "Z"), (pid, state)
     thread.join(timeout=30)
-    assert result and result[0] in (128 + 9, 128 + 15), result  # the shell's "killed by"
-    with pytest.raises(FencedError):
-        run.check()
+    assert len(errors) == 1 and isinstance(errors[0], FencedError), errors
+
+
+@pytest.mark.parametrize("mode", [["--run-key", "k"], ["--hold"]])
+def test_sigterm_ends_run_within_seconds_while_kafka_is_unreachable(mode: list[str]) -> None:
+    """No Kafka retry swallows the signal, and nothing waits on the cluster on the way out."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # a blackholed address: connects hang rather than fail
+    proc = subprocess.Popen([sys.executable, "-m", "neli_orchestrate.cli", "run", "-b",
+                             "10.255.255.1:9092", "-n", "acme", "--role", "r", *mode, "--",
+                             "sleep", "100"], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3.0)  # well inside the first connection attempts
+        assert proc.poll() is None, proc.communicate()[1]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.communicate()[1]
+    assert code == 128 + signal.SIGTERM, err
+    assert took < 5.0, (took, err)

@@ -61,7 +61,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -474,7 +474,8 @@ class _FencedExecution:
         self.prepare = prepare or (lambda c, ctx: hand_claim_to_work(task, c, ctx))
         self.fence_reason: str | None = None
         self.in_work = False
-        self.children_before: set[int] = set()
+        #: The processes the work starts (neli_orchestrate.supervise), from _work on.
+        self.tree: Any = None
         self.previous_term: Any = None
         #: Set by SIGTERM: the deployment is stopping this try (shutdown, rolling restart).
         self.terminated = False
@@ -522,7 +523,11 @@ class _FencedExecution:
                 run.reason,
             )
         self.prepare(current, self.context)
-        self.children_before = _children()
+        from neli_orchestrate.supervise.work import OwnTree
+
+        # This process becomes a child subreaper: a worker the work starts in a new session
+        # (setsid, a daemonising tool) is re-parented here, not to init, and found by the stop.
+        self.tree = OwnTree()
         watcher: _ApplicationWatcher | None = None
         try:
             if _is_spark_submit(task):
@@ -647,19 +652,25 @@ class _FencedExecution:
         """Stop the work and every process it started: ``on_kill()``, then kill what is left."""
         task = self.task
         task.log.error("Stopping the work before anything is recorded (%s)", why)
-        # Every process the work started, taken before on_kill(): a child that on_kill() stops
-        # first (bash) leaves its own children to init, out of this process's tree, and those
-        # must be seen gone too before anything is recorded.
-        started = _new_children(self.children_before)
+        # Every process the work started is seen before on_kill(): one that leaves this
+        # process's tree meanwhile is still stopped (and, as a subreaper, this process adopts
+        # the orphans of a child that on_kill() stops first, e.g. bash's background jobs).
+        tree = self.tree
+        if tree is not None:
+            tree.alive()
         try:
             task.on_kill()
         except Exception:  # noqa: BLE001 - still stop the processes and fail the task
             task.log.exception("on_kill() failed while stopping the work")
-        killed, alive = _kill_new_children(self.children_before, also=started)
-        if killed:
-            task.log.warning("killed processes the work left behind: %s", killed)
-        if alive:
-            task.log.error("processes the work started survived SIGKILL: %s", alive)
+        if tree is not None:
+            # SIGTERM, then SIGKILL at once (on_kill() was the work's own graceful stop), then
+            # sweeps until nothing is left; signals meanwhile cannot cut it short (_terminate
+            # raises only while the work runs).
+            termed, killed, left = tree.stop(grace=0.0)
+            if killed:
+                task.log.warning("killed %d process(es) the work left behind", killed)
+            if left:
+                task.log.error("processes the work started survived SIGKILL: %s", left)
         if _is_spark_submit(task):
             self._confirm_remote_stopped()
 
@@ -761,7 +772,8 @@ class _FencedExecution:
         previous = self.previous_term
         if callable(previous):
             previous(signum, frame)
-        if self.in_work:
+        # Once: a second SIGTERM must not cut short the stop the first one starts.
+        if self.in_work and not self.terminated:
             self.terminated = True
             raise AirflowException("terminated (SIGTERM) while running under a claim")
 
@@ -871,49 +883,6 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def _children() -> set[int]:
-    return {p.pid for p in _new_children(set())}
-
-
-def _new_children(before: set[int], *, also: Sequence[Any] = ()) -> list[Any]:
-    """The descendants of this process started since ``before`` was taken (psutil processes).
-
-    ``also``: processes taken earlier that may have left the tree since (their parent died and
-    init adopted them); they come first, each process once.
-    """
-    import psutil
-
-    procs = []
-    seen: set[int] = set()
-    for proc in [*also, *psutil.Process().children(recursive=True)]:
-        if proc.pid not in before and proc.pid not in seen:
-            seen.add(proc.pid)
-            procs.append(proc)
-    return procs
-
-
-def _kill_new_children(
-    before: set[int], *, also: Sequence[Any] = (), timeout: float = 10.0
-) -> tuple[list[int], list[int]]:
-    """Kill :func:`_new_children` (``before``, ``also``).
-
-    Returns (killed, still alive after ``timeout``). ``on_kill`` does not always reach every
-    process: spark-submit's kill stops the JVM, not the Python driver it started; a bash
-    script may leave background jobs.
-    """
-    import psutil
-
-    procs = []
-    for proc in _new_children(before, also=also):
-        try:
-            proc.kill()
-            procs.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in procs], [p.pid for p in alive]
 
 
 # -- the explicit form ---------------------------------------------------------------------------
