@@ -131,12 +131,7 @@ def before_stopping(component: Any) -> None:
     children = list(_children)
     _children.clear()
     for child in children:
-        child.terminate()
-        try:
-            child.wait(10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait(10)
+        _stop_child(child)
 
 
 def spawn(component: str, conn_id: str) -> subprocess.Popen[bytes]:
@@ -316,12 +311,7 @@ class AnnouncerSupervisor:
     def _end(self) -> None:
         child, self.child = self.child, None
         if child is not None and child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait(10)
+            _stop_child(child)
         self._send(0.0)
 
     def _send(self, value: float) -> None:
@@ -348,3 +338,13 @@ class AnnouncerSupervisor:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _stop_child(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, up to 10 s, then SIGKILL: the announcer is ours and holds nothing to finish."""
+    child.terminate()
+    try:
+        child.wait(10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(10)
