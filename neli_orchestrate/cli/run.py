@@ -524,24 +524,27 @@ def _guard_bounds(single: Any, grace: float | None) -> tuple[float, float]:
     resolved = single.config.neli.resolved
     session, heartbeat = resolved.session_timeout, resolved.heartbeat_timeout
     margin = guard_margin(resolved)
-    # The stop must also fit the budget a ride-through leaves after its lease (the member may
-    # keep leading through a broker's crash until then: docs/internals/protocol.md, 8a).
-    budget = min(margin, resolved.stop_budget)
-    limit = round(budget - KILL_BUDGET, 3)
     arithmetic = (f"session_timeout {session:g} - heartbeat_timeout {heartbeat:g} -"
                   f" group_heartbeat_interval {resolved.group_heartbeat_interval:g} -"
                   f" clock_error {resolved.clock_error:g} = {margin:g} s between the end of"
                   f" this member's last proof of leadership and the earliest moment another"
-                  f" deployment may lead, of which a lease that rode through a broker's crash"
-                  f" leaves stop_budget (session_timeout - heartbeat_timeout) / 2 ="
-                  f" {resolved.stop_budget:g} s")
+                  f" deployment may lead")
+    budget = margin
+    if resolved.ride_through > 0:
+        # A lease that rode through a broker's crash leaves only the stop budget before a
+        # successor may lead (docs/internals/protocol.md, 8a): the stop must fit that too.
+        budget = min(margin, resolved.stop_budget)
+        arithmetic += (f", of which a lease that rode through a broker's crash leaves"
+                       f" stop_budget (session_timeout - heartbeat_timeout) / 2 ="
+                       f" {resolved.stop_budget:g} s")
+    limit = round(budget - KILL_BUDGET, 3)
     if limit <= 0:
         raise ConfigError(
             f"this timing cannot stop COMMAND in time: {arithmetic}, and stopping it needs"
             f" the grace plus {KILL_BUDGET:g} s for SIGKILL and its confirmation; shorten"
             f" --heartbeat-timeout or raise --session-timeout")
     if grace is None:
-        grace = limit
+        grace = min(limit, max(0.0, (session - heartbeat) / 2))
     elif grace < 0:
         raise ConfigError(f"--grace must be zero or more seconds, got {grace:g}")
     elif grace > limit:
