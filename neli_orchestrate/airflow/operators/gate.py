@@ -48,6 +48,7 @@ from neli_orchestrate.airflow.claims import (
     reset_command,
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.airflow.lineage import Claimed, Lineage, LineageHooks, reader, remember
 from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor, default_deferrable
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
 from neli_orchestrate.ledger.record import format_epoch
@@ -68,7 +69,7 @@ DONE_ELSEWHERE_XCOM_KEY = "neli_done"
 
 
 
-class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
+class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
     """Claim this run for this deployment, or skip downstream when it completed elsewhere.
 
     :param role: the singleton role (templated); one holder at a time. Template it per date
@@ -243,8 +244,17 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
                 outcome,
                 describe(reservation.record),
             )
+            # OpenLineage (the provider's hooks, after this task): the claim, read back
+            remember(self, Lineage(
+                recorded_by=deployment,
+                record=Claimed(self.role, str(self.run_key), int(claim["token"]),
+                               deployment),
+                read_back=reader(hook, self.role, str(self.run_key))))
             return PokeReturnValue(is_done=True, xcom_value=claim)
         if outcome is Outcome.SKIP_DONE:
+            if reservation.record is not None:
+                # OpenLineage: the record this region saw (a proxy where another region ran it)
+                remember(self, Lineage(recorded_by=deployment, record=reservation.record))
             self._skip_singleton(context, reservation.record, skipped_where_done, deployment)
             return PokeReturnValue(is_done=True, xcom_value=None)
         if outcome is Outcome.WAIT:
