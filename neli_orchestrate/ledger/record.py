@@ -121,7 +121,7 @@ class LedgerRecord:
     #: Where this record sits in the role's ledger partition, when it was read from the
     #: ledger (a replay sets it; None on a record built here and not read back). Not part of
     #: the record's value or its equality: OpenLineage's ``neli`` facet reports it.
-    offset: int | None = field(default=None, compare=False)
+    offset: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # One combined test for the common, valid case keeps replays of large ledgers fast;
