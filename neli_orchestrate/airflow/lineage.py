@@ -35,10 +35,8 @@ class Lineage:
 
     #: The deployment that emits the events (this task's).
     recorded_by: str
-    #: The record or claim the facet reports (a claim is read back by ``read_back``).
+    #: The record the facet reports (or the claim, where it could not be read back).
     record: Any
-    #: Read the record back from the ledger (to report its offset) before the facet is built.
-    read_back: Any = None
     #: OpenLineage output datasets (a fenced try's sink table, with its version).
     outputs: list[Any] = field(default_factory=list)
 
@@ -55,14 +53,45 @@ class Claimed:
     offset: int | None = None
 
 
-def reader(hook: Any, role: str, run_key: str) -> Any:
-    """A function that reads the run's latest record back from the ledger (with its offset)."""
-    def read() -> Any:
-        from neli_orchestrate.airflow.claims import open_singleton
+def wanted() -> bool:
+    """True where the OpenLineage provider is installed and enabled (a transport is set)."""
+    try:
+        from airflow.providers.openlineage import conf
+    except ImportError:
+        return False
+    try:
+        return not conf.is_disabled()
+    except Exception:  # noqa: BLE001 - a broken lineage config must not fail the task
+        return False
 
-        with open_singleton(hook) as singleton:
-            return singleton.status(role, run_key)
-    return read
+
+def read_back(singleton: Any, role: str, run_key: str, token: int) -> Any:
+    """The run's latest record read back through the task's open ``singleton`` (with its
+    ledger offset), if it is this ``token``'s and OpenLineage is wanted; else None.
+
+    Read inside the task, not in the provider's listener: the listener runs under the
+    provider's execution timeout, and a slow ledger there would drop the whole event.
+    """
+    if not wanted():
+        return None
+    try:
+        record = singleton.status(role, run_key)
+    except Exception as exc:  # noqa: BLE001 - lineage never fails the task
+        logger.warning("neli lineage: could not read run %r of role %r back from the ledger "
+                       "(no ledger_offset): %s", run_key, role, exc)
+        return None
+    return record if record is not None and record.token == token else None
+
+
+def settle(task: Any, singleton: Any) -> None:
+    """Replace the claim a running fenced ``task`` reports by its record read back."""
+    lineage: Lineage | None = getattr(task, ATTRIBUTE, None)
+    if lineage is None or not isinstance(lineage.record, Claimed):
+        return
+    claim = lineage.record
+    found = read_back(singleton, claim.role, claim.run_key, claim.token)
+    if found is not None:
+        lineage.record = found
 
 
 def outputs_of(result: Any) -> list[Any]:
@@ -100,15 +129,6 @@ def operator_lineage(task: Any) -> Any:
     if lineage is None:
         return OperatorLineage()
     record = lineage.record
-    if lineage.read_back is not None:
-        try:
-            found = lineage.read_back()
-        except Exception as exc:  # noqa: BLE001 - lineage never fails the task
-            logger.warning("neli lineage: could not read the run's record back from the "
-                           "ledger (no ledger_offset): %s", exc)
-            found = None
-        if found is not None and found.token == record.token:
-            record = found
     facet = run_facet(neli_facet(record, recorded_by=lineage.recorded_by))
     return OperatorLineage(outputs=list(lineage.outputs), run_facets={FACET_NAME: facet})
 

@@ -105,6 +105,9 @@ def test_a_run_and_its_proxy_tell_the_same_story_in_openlineage(
         assert result.returncode == 0, result.stdout[-5000:]
 
     there, here = neli_facets(ran_events), neli_facets(proxy_events)
+    for key in (("claim_run", "COMPLETE"), ("job", "COMPLETE")):
+        assert key in there, f"{RAN}: no neli facet on {key}:\n{ran_events.read_text()}"
+    assert ("claim_run", "COMPLETE") in here, f"{PROXY}:\n{proxy_events.read_text()}"
     gate, job = there[("claim_run", "COMPLETE")], there[("job", "COMPLETE")]
     proxied = here[("claim_run", "COMPLETE")]
     assert ("job", "COMPLETE") not in here  # skipped here: it did not run

@@ -300,8 +300,7 @@ def run_fenced(
     )
     execution = _FencedExecution(task, claim, context, work, prepare)
     execution.naming_timeout = naming_timeout(hook)
-    execution.hook = hook
-    _lineage(task, hook, claim)
+    _lineage(task, hook.deployment, claim)
     try:
         with open_singleton(hook) as singleton:
             if hook.deployment != claim.deployment:
@@ -311,17 +310,20 @@ def run_fenced(
                 )
             outcome = _wait_and_run(task, gate, execution, singleton)
             if not isinstance(outcome, SkippedRun):
+                from neli_orchestrate.airflow.lineage import settle
+
+                settle(task, singleton)  # OpenLineage: the COMPLETED record, with its offset
                 return outcome
     except ConfigError as exc:
         raise AirflowFailException(f"NELI configuration error: {exc}") from exc
     return _end_as_the_gate_would(task, gate, claim, context, outcome)
 
 
-def _lineage(task: Any, hook: Any, claim: RunClaim, *, result: Any = None) -> None:
+def _lineage(task: Any, here: str, claim: RunClaim, *, result: Any = None) -> None:
     """OpenLineage of this try (airflow/lineage.py): its claim, read back after the try."""
-    from neli_orchestrate.airflow.lineage import Claimed, Lineage, attach, outputs_of, reader
+    from neli_orchestrate.airflow.lineage import Claimed, Lineage, attach, outputs_of
 
-    deployment = claim.deployment or hook.deployment
+    deployment = claim.deployment or here
     role = claim.role or ""
     try:
         outputs = outputs_of(result) if result is not None else []
@@ -329,7 +331,7 @@ def _lineage(task: Any, hook: Any, claim: RunClaim, *, result: Any = None) -> No
         outputs = []
     attach(task, Lineage(recorded_by=deployment,
                          record=Claimed(role, claim.run_key, claim.token, deployment),
-                         read_back=reader(hook, role, claim.run_key), outputs=outputs))
+                         outputs=outputs))
 
 
 def _wait_and_run(task: Any, gate: Any, execution: _FencedExecution, singleton: Any) -> Any:
@@ -494,8 +496,6 @@ class _FencedExecution:
         self.prepare = prepare or (lambda c, ctx: hand_claim_to_work(task, c, ctx))
         self.fence_reason: str | None = None
         self.in_work = False
-        #: The NeliHook of this try (set by run_fenced; OpenLineage reads the ledger back).
-        self.hook: Any = None
         #: The processes the work starts (neli_orchestrate.supervise), from _work on.
         self.tree: Any = None
         self.previous_term: Any = None
@@ -562,7 +562,7 @@ class _FencedExecution:
                 result = self.work()
             # OpenLineage: the claim it ran under (a retry's may be newer) and the sink's
             # table version, where the work returned the sink's commit
-            _lineage(task, self.hook, current, result=result)
+            _lineage(task, current.deployment or "", current, result=result)
             # The task's own asset events name the run, as the other regions' proxies do.
             from neli_orchestrate.airflow.assets import stamp_outlet_events
 

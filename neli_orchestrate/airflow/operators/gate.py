@@ -48,7 +48,7 @@ from neli_orchestrate.airflow.claims import (
     reset_command,
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.lineage import Claimed, Lineage, LineageHooks, reader, remember
+from neli_orchestrate.airflow.lineage import Claimed, Lineage, LineageHooks, read_back, remember
 from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor, default_deferrable
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
 from neli_orchestrate.ledger.record import format_epoch
@@ -217,6 +217,9 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
             with open_singleton(hook) as singleton:
                 # Singleton.reserve never joins a busy group (it reads the ledger instead).
                 reservation = singleton.reserve(self.role, run_key)
+                # OpenLineage: the claim's record read back, with its ledger offset
+                claimed = (read_back(singleton, self.role, run_key, reservation.token)
+                           if reservation.token is not None else None)
         except ConfigError as exc:
             # Configuration does not fix itself between pokes or retries.
             raise AirflowFailException(f"NELI configuration error: {exc}") from exc
@@ -247,9 +250,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
             # OpenLineage (the provider's hooks, after this task): the claim, read back
             remember(self, Lineage(
                 recorded_by=deployment,
-                record=Claimed(self.role, str(self.run_key), int(claim["token"]),
-                               deployment),
-                read_back=reader(hook, self.role, str(self.run_key))))
+                record=claimed or Claimed(self.role, run_key, int(claim["token"]), deployment)))
             return PokeReturnValue(is_done=True, xcom_value=claim)
         if outcome is Outcome.SKIP_DONE:
             if reservation.record is not None:
