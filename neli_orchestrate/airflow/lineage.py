@@ -192,7 +192,9 @@ def attach(task: Any, lineage: Lineage) -> None:
     remember(task, lineage)
     if isinstance(task, LineageHooks):
         return
-    own = {name: getattr(task, name, None) for name in
+    # The class's own hooks, never ours from an earlier attach to this instance (a try
+    # attaches before its work and again with what the work returned).
+    own = {name: getattr(type(task), name, None) for name in
            ("get_openlineage_facets_on_complete", "get_openlineage_facets_on_failure")}
 
     def merged(name: str) -> Any:
@@ -201,7 +203,7 @@ def attach(task: Any, lineage: Lineage) -> None:
             method = own[name]
             if not callable(method):
                 return ours
-            theirs = method(task_instance)
+            theirs = method(task, task_instance)
             if theirs is None:
                 return ours
             theirs.run_facets = {**(theirs.run_facets or {}), **ours.run_facets}
@@ -211,6 +213,6 @@ def attach(task: Any, lineage: Lineage) -> None:
 
     for name in own:
         object.__setattr__(task, name, merged(name))
-    if not callable(getattr(task, "get_openlineage_facets_on_start", None)):
+    if not callable(getattr(type(task), "get_openlineage_facets_on_start", None)):
         object.__setattr__(task, "get_openlineage_facets_on_start",
                            LineageHooks.get_openlineage_facets_on_start.__get__(task))

@@ -66,6 +66,9 @@ def test_a_fenced_stock_operator_reports_the_neli_facet_read_back_and_keeps_its_
     attach(task, Lineage(recorded_by="eu-west-1",
                          record=Claimed("daily", RUN_KEY, 7, "eu-west-1"),
                          outputs=outputs_of(commit)))
+    attach(task, Lineage(recorded_by="eu-west-1",  # again, after the work, as a try does
+                         record=Claimed("daily", RUN_KEY, 7, "eu-west-1"),
+                         outputs=outputs_of(commit)))
     settle(task, Ledger(completed(12)))  # in the task, before the listener asks
     assert ExtractorManager().get_extractor_class(task) is DefaultExtractor
     lineage = DefaultExtractor(task).extract_on_complete(None)

@@ -3,10 +3,12 @@
 Each region is a real deployment (its own AIRFLOW_HOME and SQLite database; ``airflow dags
 test`` runs the DAG through the real task runner) with apache-airflow-providers-openlineage
 and its file transport; both use the real broker. "eu-west-1" runs the date (the gate claims,
-the fenced try runs the work); then "us-east-1" runs the same date, and its gate skips it as
-completed elsewhere, with the asset event by proxy. Every COMPLETE event's ``neli`` run facet
-must agree on role, run key and token, name eu-west-1 as the deployment that ran it, and differ
-in ``proxy``; each facet validates against the schema in the package.
+the fenced try runs the work: a Delta write through the token-checked delta-rs sink, whose
+commit it returns); then "us-east-1" runs the same date, and its gate skips it as completed
+elsewhere, with the asset event by proxy. Every COMPLETE event's ``neli`` run facet must agree
+on role, run key and token, name eu-west-1 as the deployment that ran it, and differ in
+``proxy``; each facet validates against the schema in the package. The fenced try's event
+names the Delta table with its version as its output.
 """
 
 from __future__ import annotations
@@ -38,8 +40,16 @@ with DAG("lineage_producer", schedule="@daily", start_date=pendulum.datetime(201
                               timeout=120)
 
     @task(outlets=[Asset("lineage_table")])
-    def job():
-        return "ran"
+    def job(neli_claim=None):
+        # a token-checked Delta write (delta-rs) whose commit the task returns: the sink
+        # reports its table and version, which the fenced try's lineage names as its output
+        import pyarrow as pa
+        from neli_orchestrate.sinks.delta import write_deltalake_fenced
+
+        return write_deltalake_fenced(
+            pa.table({{"date": [neli_claim["run_key"]], "flights": [1]}}), {table!r},
+            neli_claim["run_key"], neli_claim["token"], role=neli_claim["role"],
+            deployment=neli_claim["deployment"])
 
     gate >> job()
 """
@@ -49,7 +59,8 @@ def region(tmp_path: Path, name: str, bootstrap: str, namespace: str) -> tuple[A
     base = tmp_path / name
     dags = base / "dags"
     dags.mkdir(parents=True)
-    (dags / "lineage_producer.py").write_text(textwrap.dedent(PRODUCER))
+    (dags / "lineage_producer.py").write_text(
+        textwrap.dedent(PRODUCER.format(table=str(base.parent / "lake" / "flights"))))
     settings = base / "local_settings"
     settings.mkdir()
     (settings / "airflow_local_settings.py").write_text(
@@ -72,6 +83,15 @@ def region(tmp_path: Path, name: str, bootstrap: str, namespace: str) -> tuple[A
     deployment = AirflowRegion(base / "region", dags, config)
     deployment.prepare()
     return deployment, events
+
+
+def outputs(events: Path, task: str) -> list[dict[str, Any]]:
+    """The outputs of the task's COMPLETE event."""
+    for line in events.read_text().splitlines():
+        event = json.loads(line)
+        if event["job"]["name"].endswith(f".{task}") and event["eventType"] == "COMPLETE":
+            return list(event.get("outputs") or [])
+    raise AssertionError(f"no COMPLETE event of {task} in {events}")
 
 
 def neli_facets(events: Path) -> dict[tuple[str, str], dict[str, Any]]:
@@ -125,3 +145,8 @@ def test_a_run_and_its_proxy_tell_the_same_story_in_openlineage(
                                                                             "COMPLETED")
     # the offsets of the records each reports: the claim below the completion it read
     assert gate["ledger_offset"] < job["ledger_offset"] == proxied["ledger_offset"]
+    # the fenced try names the table the sink committed, with its Delta version
+    [table] = outputs(ran_events, "job")
+    assert (table["namespace"], table["name"]) == ("file", str(tmp_path / "lake" / "flights"))
+    assert table["facets"]["version"]["datasetVersion"] == "1"  # 0: the empty table it created
+    assert outputs(proxy_events, "claim_run") == []  # a proxy writes nothing
