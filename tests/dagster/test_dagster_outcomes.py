@@ -402,6 +402,9 @@ def test_fence_during_the_work_cancels_spark_jobs_and_fails_the_step_without_ret
     assert abs(started_at.value - time.time()) < 60
     assert metadata.pop("neli_outcome").value == "RUN"
     assert 0 <= metadata.pop("time_to_lead").value < 60
+    # the failure names the run as the OpenLineage `neli` facet does (FAIL events carry it too)
+    facet = metadata.pop("neli").value
+    assert (facet["token"], facet["deployment"], facet["proxy"]) == (token, "east", False)
     assert {k: v.value for k, v in metadata.items()} == {
         "token": token,
         "deployment": "east",
