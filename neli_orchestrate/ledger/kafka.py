@@ -622,7 +622,9 @@ class KafkaLedger:
     def _open_transaction(self, partition: int) -> str:
         """Name the open transaction holding ``partition``'s last stable offset back."""
         def consumer(settings: dict[str, Any]) -> Any:
-            return new_consumer(self._client_config(required=settings))
+            return new_consumer(self._client_config(
+                required={k: v for k, v in settings.items() if k in _PROTECTED},
+                call={k: v for k, v in settings.items() if k not in _PROTECTED}))
 
         try:
             found = find_open_transaction(self._admin, consumer, self.config.topic, partition,
