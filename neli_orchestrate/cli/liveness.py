@@ -15,12 +15,7 @@ from neli_orchestrate.errors import KafkaUnavailableError
 from neli_orchestrate.liveness import DeploymentLiveness
 from neli_orchestrate.observe import collect_liveness
 
-__all__ = ["is_liveness_group", "liveness_json", "print_liveness"]
-
-
-def is_liveness_group(target: Target, group_id: str) -> bool:
-    """True for a deployment's liveness group (not a role's NELI group)."""
-    return target.names.is_liveness_group(group_id)
+__all__ = ["liveness_json", "print_liveness"]
 
 
 def liveness_json(found: list[DeploymentLiveness]) -> list[dict[str, Any]]:
