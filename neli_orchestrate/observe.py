@@ -34,9 +34,11 @@ from neli_orchestrate.settings import ClusterSettings
 if TYPE_CHECKING:
     from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory
     from neli_orchestrate.ledger.record import LedgerRecord
+    from neli_orchestrate.liveness import DeploymentLiveness
 
 __all__ = ["LeaderSpell", "MemberStatus", "Overview", "RoleOverview", "RoleStatus",
-           "broker_config", "collect_overview", "collect_status", "describe_config",
+           "broker_config", "collect_liveness", "collect_overview", "collect_status",
+           "describe_config",
            "entry_data", "group_prefix", "iso_time", "latest_runs", "outcome_phrase",
            "role_of_group", "unstopped_note", "unstopped_notes"]
 
@@ -51,9 +53,9 @@ def iso_time(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
 
 
-def _client_config(target: ClusterSettings, **extra: Any) -> dict[str, Any]:
-    return target.client_config(**{"socket.timeout.ms": int(target.connect_timeout * 1000),
-                                   **extra})
+def _timeouts(target: ClusterSettings) -> dict[str, Any]:
+    """A reader's clients give up on a broker after ``connect_timeout``."""
+    return {"socket.timeout.ms": int(target.connect_timeout * 1000)}
 
 
 def group_prefix(names: Namespace) -> str:
@@ -152,6 +154,19 @@ class RoleStatus:
     last_run: str | None = None
 
 
+def collect_liveness(target: ClusterSettings, admin: Any | None = None) -> list[DeploymentLiveness]:
+    """Every deployment of the namespace that ever announced its liveness, by name (read-only:
+    nobody joins). ``admin``: the seam's admin (or a test's fake); made here if None."""
+    from neli_orchestrate.liveness import LivenessReader
+
+    if admin is None:
+        from neli_orchestrate.core.confluent import ConfluentKafka
+
+        admin = ConfluentKafka().admin(target.client_config())
+    return LivenessReader(admin, target.namespace,
+                          request_timeout=target.connect_timeout).read_all()
+
+
 def _ck() -> Any:
     import confluent_kafka
     import confluent_kafka.admin  # noqa: F401
@@ -187,11 +202,11 @@ def _heartbeats(target: ClusterSettings, topic: str, partitions: Sequence[int],
     seen: list[tuple[float, str, int]] = []
     if not todo:
         return seen
-    consumer = ck.Consumer(_client_config(target, **{
+    consumer = target.consumer_client(**_timeouts(target), **{
         "group.id": f"neli-status-{uuid.uuid4().hex}",  # assign() only: never joins
         "enable.auto.commit": False, "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
-    }))
+    })
     deadline = time.monotonic() + target.connect_timeout
     try:
         consumer.assign([ck.TopicPartition(topic, p, max(0, end - TAIL_RECORDS))
@@ -349,7 +364,7 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
     ck = _ck()
     names = target.names
     lease = NeliConfig(profile=profile).resolved.heartbeat_timeout
-    admin = ck.admin.AdminClient(_client_config(target))
+    admin = target.admin_client(**_timeouts(target))
     try:
         # first: an unreachable cluster must be an error, not "no roles"
         metadata = admin.list_topics(topic=names.leader_topic, timeout=target.connect_timeout)

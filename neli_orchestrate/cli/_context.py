@@ -70,11 +70,11 @@ class Target(ClusterSettings):
         """The ``--ledger-topic`` given (None: the namespace's)."""
         return self.ledger_topic
 
-    def client_config(self, **extra: Any) -> dict[str, Any]:
-        """librdkafka settings for a client of this cluster; its logs go to Python logging."""
-        return super().client_config(**{"client.id": "neli-orchestrate-cli",
-                                        "socket.timeout.ms": int(self.timeout * 1000),
-                                        **self.kafka_config, "logger": librdkafka_log, **extra})
+    def _client_defaults(self) -> dict[str, Any]:
+        """The command line's clients: named, bounded by ``--timeout``, logging to
+        ``neli_orchestrate.cli.librdkafka``."""
+        return {"client.id": "neli-orchestrate-cli",
+                "socket.timeout.ms": int(self.timeout * 1000), "logger": librdkafka_log}
 
     def with_timeout(self, timeout: float) -> Target:
         return self.model_copy(update={"connect_timeout": timeout})

@@ -175,7 +175,7 @@ class _Doctor:
     def reachability(self) -> bool:
         ck = _ck()
         t = self.target
-        self.admin = ck.admin.AdminClient(t.client_config())
+        self.admin = t.admin_client()
         try:
             metadata = self.admin.list_topics(timeout=t.timeout)
         except ck.KafkaException as exc:
@@ -397,7 +397,7 @@ class _Doctor:
             self.add("acl", WARNING, f"describing group {probe!r} failed: {exc}")
         if names.leader_topic not in topics:
             return
-        consumer = ck.Consumer(t.client_config(**{"group.id": probe, "enable.auto.commit": False}))
+        consumer = t.consumer_client(**{"group.id": probe, "enable.auto.commit": False})
         try:
             consumer.commit(offsets=[ck.TopicPartition(names.leader_topic, 0, 0)],
                             asynchronous=False)
@@ -424,7 +424,7 @@ class _Doctor:
         ck = _ck()
         t, names = self.target, self.names
         if names.leader_topic in topics:
-            producer = ck.Producer(t.client_config(**{"acks": "all", "linger.ms": 0}))
+            producer = t.producer_client(**{"acks": "all", "linger.ms": 0})
             errors: list[str] = []
             producer.produce(names.leader_topic, key=b"__neli_doctor", value=b"{}",
                              on_delivery=lambda err, msg: errors.append(err.name()) if err
@@ -437,8 +437,8 @@ class _Doctor:
             else:
                 self.add("acl", OK, f"WRITE on leader topic {names.leader_topic!r} allowed")
         tid = f"{names.transactional_id_prefix}__neli_doctor_{uuid.uuid4().hex[:8]}"
-        producer = ck.Producer(t.client_config(**{
-            "transactional.id": tid, "transaction.timeout.ms": 10000, "linger.ms": 0}))
+        producer = t.producer_client(**{
+            "transactional.id": tid, "transaction.timeout.ms": 10000, "linger.ms": 0})
         try:
             producer.init_transactions(t.timeout)
         except ck.KafkaException as exc:
@@ -489,7 +489,7 @@ class _Doctor:
         for partition in range(topics[topic]):
             try:
                 found = find_open_transaction(
-                    self.admin, lambda settings: ck.Consumer(t.client_config(**settings)),
+                    self.admin, lambda settings: t.consumer_client(**settings),
                     topic, partition, names.transactional_id_prefix, timeout=t.timeout)
             except (ck.KafkaException, TimeoutError) as exc:
                 self.add("transactions", WARNING, f"cannot read the last stable offset of "
@@ -535,7 +535,7 @@ class _Doctor:
                              f"create topic {topic!r} with message.timestamp.type="
                              f"LogAppendTime, or grant CREATE on it")
                     return
-        producer = ck.Producer(t.client_config(**{"acks": "all", "linger.ms": 0}))
+        producer = t.producer_client(**{"acks": "all", "linger.ms": 0})
         samples: list[tuple[float, float]] = []  # (offset, uncertainty)
         deadline = time.monotonic() + t.timeout
         for _ in range(5):
