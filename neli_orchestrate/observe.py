@@ -29,6 +29,7 @@ from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.namespace import Namespace
 from neli_orchestrate.core.roles import partition_for
 from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.ledger.cache import end_is_known
 from neli_orchestrate.settings import ClusterSettings
 
 if TYPE_CHECKING:
@@ -192,6 +193,43 @@ def _role_groups(admin: Any, target: ClusterSettings) -> dict[str, str]:
         if role is not None:
             roles[role] = listing.group_id
     return roles
+
+
+def _heartbeat_ends(admin: Any, target: ClusterSettings, topic: str, count: int
+                    ) -> tuple[dict[int, int], dict[int, str]]:
+    """The end offset of each heartbeat partition, and why a partition's could not be read.
+
+    A sentinel (-1001 while the partition's leader changes) or an error is asked again until
+    the connect timeout, and never read as an empty partition: a partition whose end stays
+    unknown is reported as unread, not as "no heartbeat" (which would say its leader is fenced).
+    """
+    ck = _ck()
+    ends: dict[int, int] = {}
+    unread: dict[int, str] = {}
+    deadline = time.monotonic() + target.connect_timeout
+    while count:
+        tps = [ck.TopicPartition(topic, p) for p in range(count) if p not in ends]
+        unread = {}
+        try:
+            offsets = admin.list_offsets({tp: ck.admin.OffsetSpec.latest() for tp in tps},
+                                         request_timeout=target.connect_timeout)
+        except ck.KafkaException as exc:
+            unread = {tp.partition: str(exc) for tp in tps}
+            offsets = {}
+        for tp, future in offsets.items():
+            try:
+                end = int(future.result(timeout=target.connect_timeout + 5).offset)
+            except Exception as exc:  # noqa: BLE001 - per partition, asked again below
+                unread[tp.partition] = f"{type(exc).__name__}: {exc}"
+                continue
+            if end_is_known(end):
+                ends[tp.partition] = end
+            else:
+                unread[tp.partition] = f"the broker answered offset {end}"
+        if not unread or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    return ends, unread
 
 
 def _heartbeats(target: ClusterSettings, topic: str, partitions: Sequence[int],
@@ -380,13 +418,7 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
             f"{target.bootstrap_servers}: {exc}") from exc
     meta = metadata.topics.get(names.leader_topic)
     count = len(meta.partitions) if meta is not None and meta.error is None else 0
-    ends: dict[int, int] = {}
-    if count:
-        tps = [ck.TopicPartition(names.leader_topic, p) for p in range(count)]
-        offsets = admin.list_offsets({tp: ck.admin.OffsetSpec.latest() for tp in tps},
-                                     request_timeout=target.connect_timeout)
-        ends = {tp.partition: int(f.result(timeout=target.connect_timeout + 5).offset)
-                for tp, f in offsets.items()}
+    ends, unread = _heartbeat_ends(admin, target, names.leader_topic, count)
     all_beats = _heartbeats(target, names.leader_topic, list(range(count)), ends)
     beats = _newest(all_beats)
     history = _read_ledger(target, list(groups), history)
@@ -433,7 +465,10 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
                 spells = [sp for sp in st.timeline if sp.member == st.leader_member]
                 st.leader_since = spells[-1].start if spells else None
         holders = [m for m in st.members if partition in m.partitions]
-        if holders and st.leader_member is None:
+        if partition in unread:
+            st.notes.append(f"who leads is not known: the end of heartbeat partition {partition} "
+                            f"could not be read ({unread[partition]}); ask again")
+        elif holders and st.leader_member is None:
             st.notes.append(f"partition {partition} is assigned but no fresh heartbeat "
                             f"(within {lease:g} s) was seen: the holder is starting or fenced")
         if not st.members:

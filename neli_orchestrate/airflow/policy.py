@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.policies import hookimpl
 
+from neli_orchestrate.airflow.spark_provider import import_problem, is_spark_submit
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
@@ -136,12 +138,8 @@ def _check_explicit(dag: Any, task: Any) -> None:
 
 def _check_spark_completion(what: str, task: Any) -> None:
     """Refuse a SparkSubmitOperator whose spark-submit returns before the application ended."""
-    from neli_orchestrate.airflow.operators.fenced import _is_spark_submit
-
-    if not _is_spark_submit(task):
+    if not is_spark_submit(task):
         return
-    from neli_orchestrate.spark.applications import import_problem
-
     problem = import_problem(task)
     if problem:
         raise UnfenceableTaskError(

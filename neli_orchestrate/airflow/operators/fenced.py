@@ -80,6 +80,20 @@ from neli_orchestrate.airflow.claims import (
     reset_command,
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.airflow.spark_provider import (
+    ApplicationNotStopped,
+    built_hook,
+    cluster_deploy_mode,
+    confirm_stopped,
+    elsewhere,
+    is_spark_submit,
+    parse_application,
+    rebuild_hook,
+    remote_application,
+    stop_application,
+    submission_problem,
+    task_hook,
+)
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
     ConfigError,
@@ -218,7 +232,7 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
     env = claim.env()
     if isinstance(getattr(task, "env", None), dict):
         task.env = {**task.env, **env}
-    if _is_spark_submit(task):
+    if is_spark_submit(task):
         from neli_orchestrate.spark.conf import neli_spark_conf
 
         task.conf = {
@@ -231,7 +245,7 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
                 attempt=int(getattr(context["ti"], "try_number", 1) or 1),
             ),
         }
-        task._hook = None  # the hook copies conf when it is built: build it with the claim
+        rebuild_hook(task)  # the hook copies conf when it is built: build it with the claim
         if getattr(task, "durable", False):
             # Airflow 3.3's SparkSubmitOperator is a resumable job: a try reattaches to the
             # application an earlier try stored, or returns at once if it succeeded. Under a
@@ -253,19 +267,10 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
     )
 
 
-def _is_spark_submit(task: Any) -> bool:
-    return any(
-        cls.__name__ == "SparkSubmitOperator" and cls.__module__.startswith("airflow.providers.")
-        for cls in type(task).__mro__
-    )
-
-
 def _refuse_early_return(task: Any) -> None:
     """Fail (no retry) before claiming if spark-submit would return before the app finished."""
-    from neli_orchestrate.spark.applications import submission_problem
-
     try:
-        problem = submission_problem(task._get_hook())
+        problem = submission_problem(task_hook(task))
     except (AttributeError, KeyError, TypeError):  # not the provider's hook as we know it
         task.log.warning("cannot read the Spark provider's settings: completion not checked")
         return
@@ -289,7 +294,7 @@ def run_fenced(
     """
     gate = find_gate(task, gate_task_id)
     claim = pull_claim(context, gate)
-    if _is_spark_submit(task):
+    if is_spark_submit(task):
         _refuse_early_return(task)
     hook = NeliHook(
         neli_conn_id or gate.neli_conn_id,
@@ -530,7 +535,7 @@ class _FencedExecution:
         self.tree = OwnTree()
         watcher: _ApplicationWatcher | None = None
         try:
-            if _is_spark_submit(task):
+            if is_spark_submit(task):
                 # Never beside an earlier token's driver that may still run on the cluster.
                 self._stop_earlier_applications(run)
                 watcher = _ApplicationWatcher(task, run, timeout=self.naming_timeout,
@@ -588,13 +593,6 @@ class _FencedExecution:
         """Stop one; where the cluster manager does not confirm it, the try fails (``FAILED``
         names it again) rather than run beside it. One the task cannot ask about (another
         cluster) is left, with a warning, to the token-checked sink."""
-        from neli_orchestrate.spark.applications import (
-            ApplicationNotStopped,
-            elsewhere,
-            parse_application,
-            stop_application,
-        )
-
         task = self.task
         application = parse_application(text)
         why = ("not a Spark application it knows" if application is None
@@ -615,7 +613,7 @@ class _FencedExecution:
                 f"not submitting beside an earlier token's application: {exc}",
                 application=text) from exc
         finally:
-            task._hook = None  # the work builds its own hook, with everything in conf
+            rebuild_hook(task)  # the work builds its own hook, with everything in conf
         task.log.info("%s, started under an earlier token, is stopped (%s): submitting under "
                       "token %s", application, state, run.token)
         run.record_stopped(text)
@@ -671,19 +669,13 @@ class _FencedExecution:
                 task.log.warning("killed %d process(es) the work left behind", killed)
             if left:
                 task.log.error("processes the work started survived SIGKILL: %s", left)
-        if _is_spark_submit(task):
+        if is_spark_submit(task):
             self._confirm_remote_stopped()
 
     def _confirm_remote_stopped(self) -> None:
         """Cluster deploy mode: ask the cluster manager until the driver is no longer active."""
-        from neli_orchestrate.spark.applications import (
-            ApplicationNotStopped,
-            confirm_stopped,
-            remote_application,
-        )
-
         try:
-            application = remote_application(getattr(self.task, "_hook", None))
+            application = remote_application(built_hook(self.task))
         except (AttributeError, KeyError, TypeError):
             application = None
         if application is None:
@@ -814,12 +806,10 @@ class _ApplicationWatcher:
         self.thread.start()
 
     def _watch(self) -> None:
-        from neli_orchestrate.spark.applications import remote_application
-
         while not self.stopped.wait(self.INTERVAL):
-            hook = getattr(self.task, "_hook", None)
+            hook = built_hook(self.task)
             try:
-                if hook is not None and hook._connection.get("deploy_mode") != "cluster":
+                if hook is not None and not cluster_deploy_mode(hook):
                     return  # client or local mode: the driver is this try's own child
                 application = remote_application(hook)
             except (AttributeError, KeyError, TypeError):
