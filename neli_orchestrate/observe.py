@@ -35,13 +35,14 @@ from neli_orchestrate.settings import ClusterSettings
 if TYPE_CHECKING:
     from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory
     from neli_orchestrate.ledger.record import LedgerRecord
+    from neli_orchestrate.ledger.transactions import OpenTransaction
     from neli_orchestrate.liveness import DeploymentLiveness
 
 __all__ = ["LeaderSpell", "MemberStatus", "Overview", "RoleOverview", "RoleStatus",
            "broker_config", "collect_liveness", "collect_overview", "collect_status",
            "describe_config",
-           "entry_data", "group_prefix", "iso_time", "latest_runs", "outcome_phrase",
-           "role_of_group", "unstopped_note", "unstopped_notes"]
+           "entry_data", "group_prefix", "iso_time", "latest_runs", "open_ledger_transaction",
+           "outcome_phrase", "role_of_group", "unstopped_note", "unstopped_notes"]
 
 #: Ledger rows an overview keeps per role (newest first).
 LEDGER_ROWS = 50
@@ -93,6 +94,20 @@ def broker_config(admin: Any, timeout: float) -> dict[str, str] | None:
     if not metadata.brokers:
         return None
     return describe_config(admin, "BROKER", str(min(metadata.brokers)), timeout)
+
+
+def open_ledger_transaction(target: ClusterSettings, admin: Any,
+                            partition: int) -> OpenTransaction | None:
+    """The transaction holding ledger partition ``partition``'s last stable offset below its
+    high watermark (writer, role, since when: :class:`~neli_orchestrate.ledger.transactions.
+    OpenTransaction`), or None when none does. Raises ``KafkaException`` or ``TimeoutError``
+    when the broker does not answer: that is no answer, never "none open"."""
+    from neli_orchestrate.ledger.transactions import find_open_transaction
+
+    names = target.names
+    return find_open_transaction(
+        admin, lambda settings: target.consumer_client(**settings), names.ledger_topic,
+        partition, names.transactional_id_prefix, timeout=target.connect_timeout)
 
 
 #: How many records of the leader topic's tail are read per partition to find heartbeats.

@@ -49,6 +49,9 @@ def _default(config: type, name: str) -> Any:
     return {f.name: f.default for f in dataclasses.fields(config)}[name]
 
 
+#: The brokers a command line connects to when none are named (the core's default).
+DEFAULT_BOOTSTRAP_SERVERS: str = _default(NeliConfig, "bootstrap_servers")
+
 #: The numeric settings (seconds, attempts).
 _NUMBERS = ("connect_timeout", "session_timeout", "heartbeat_timeout", "handoff_timeout",
             "acquire_timeout", "max_attempts", "liveness_timeout")

@@ -26,8 +26,12 @@ from neli_orchestrate.cli._output import emit, json_option, progress, stdout, ta
 from neli_orchestrate.core.config import NeliConfig, ResolvedConfig
 from neli_orchestrate.core.topic import COORDINATOR_WRITE_TIMEOUT_KEY, choose_group_protocol
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger.transactions import find_open_transaction
-from neli_orchestrate.observe import broker_config, describe_config, group_prefix
+from neli_orchestrate.observe import (
+    broker_config,
+    describe_config,
+    group_prefix,
+    open_ledger_transaction,
+)
 
 __all__ = ["Finding", "broker_release", "diagnose", "doctor"]
 
@@ -488,9 +492,7 @@ class _Doctor:
         hanging = 0
         for partition in range(topics[topic]):
             try:
-                found = find_open_transaction(
-                    self.admin, lambda settings: t.consumer_client(**settings),
-                    topic, partition, names.transactional_id_prefix, timeout=t.timeout)
+                found = open_ledger_transaction(t, self.admin, partition)
             except (ck.KafkaException, TimeoutError) as exc:
                 self.add("transactions", WARNING, f"cannot read the last stable offset of "
                          f"ledger partition {topic}[{partition}]: {exc}",

@@ -14,7 +14,8 @@ This module is the fenced try at run time. Making the gate's direct child run fe
 rewriting and lives in :mod:`neli_orchestrate.airflow.policy`
 (:func:`~neli_orchestrate.airflow.policy.fence_downstream`: the cluster policy applies it
 whenever Airflow loads a DAG file, the gate again before it claims; a shape that cannot be
-fenced fails the DAG's import there).
+fenced fails the DAG's import there). Where the gates are in a DAG (gate discovery, the
+mapped-task check) is :mod:`neli_orchestrate.airflow.graph`.
 
 One way to fence a task: put it directly after the gate. :func:`fenced` (and
 ``FencedSparkSubmitOperator``) is the explicit alias of that, adding per-task arguments.
@@ -75,10 +76,12 @@ from airflow.sdk.exceptions import (
 
 from neli_orchestrate.airflow.claims import (
     CLAIM_CONTEXT_KEY,
-    RunClaim,
+    DONE_ELSEWHERE_XCOM_KEY,
     open_singleton,
+    record_to_dict,
     reset_command,
 )
+from neli_orchestrate.airflow.graph import direct_gates, is_gate
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.airflow.spark_provider import (
     ApplicationNotStopped,
@@ -94,6 +97,7 @@ from neli_orchestrate.airflow.spark_provider import (
     submission_problem,
     task_hook,
 )
+from neli_orchestrate.claim import Claim
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
     ConfigError,
@@ -152,10 +156,6 @@ def naming_timeout(hook: Any) -> float:
         return NAMING_TIMEOUT
 
 
-#: Class attribute that marks LeaderGateOperator (found without importing it: no circle).
-GATE_MARKER = "neli_gate"
-
-
 class ApplicationMayStillRun(WorkNotStopped, AirflowException):
     """The try failed and its remote Spark application could not be confirmed stopped.
 
@@ -171,22 +171,6 @@ class ApplicationMayStillRun(WorkNotStopped, AirflowException):
 # -- the fenced run ---------------------------------------------------------------------------
 
 
-def is_gate(task: Any) -> bool:
-    """True for a LeaderGateOperator (or a mapped one)."""
-    cls = getattr(task, "operator_class", None) if _is_mapped(task) else type(task)
-    return bool(getattr(cls, GATE_MARKER, False))
-
-
-def _is_mapped(task: Any) -> bool:
-    from airflow.sdk.definitions.mappedoperator import MappedOperator
-
-    return isinstance(task, MappedOperator)
-
-
-def _direct_gates(task: Any) -> list[Any]:
-    return [t for t in task.upstream_list if is_gate(t)]
-
-
 def find_gate(task: Any, gate_task_id: str | None = None) -> Any:
     """The LeaderGateOperator directly upstream of ``task`` (or the one named); fail if none."""
     if gate_task_id:
@@ -197,7 +181,7 @@ def find_gate(task: Any, gate_task_id: str | None = None) -> Any:
                 "this DAG"
             )
         return gate
-    gates = _direct_gates(task)
+    gates = direct_gates(task)
     if len(gates) != 1:
         found = sorted(g.task_id for g in gates)
         raise AirflowFailException(
@@ -207,11 +191,11 @@ def find_gate(task: Any, gate_task_id: str | None = None) -> Any:
     return gates[0]
 
 
-def pull_claim(context: Context, gate: Any) -> RunClaim:
+def pull_claim(context: Context, gate: Any) -> Claim:
     """The gate's claim for this run, from its XCom; fail with instructions if missing."""
     value = context["ti"].xcom_pull(task_ids=gate.task_id)
     try:
-        return RunClaim.from_xcom(value)
+        return Claim.from_xcom(value)
     except ConfigError:
         raise AirflowFailException(
             f"no claim from gate {gate.task_id!r} for this run (XCom return_value is {value!r}); "
@@ -220,7 +204,7 @@ def pull_claim(context: Context, gate: Any) -> RunClaim:
         ) from None
 
 
-def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
+def hand_claim_to_work(task: Any, claim: Claim, context: Context) -> None:
     """Give the work its claim: context ``neli_claim``, ``NELI_*`` env, Spark conf.
 
     Environment variables reach every subprocess (bash, spark-submit); a BashOperator with its
@@ -286,7 +270,7 @@ def run_fenced(
     gate_task_id: str | None = None,
     neli_conn_id: str | None = None,
     acquire_timeout: float | None = None,
-    prepare: Callable[[RunClaim, Context], None] | None = None,
+    prepare: Callable[[Claim, Context], None] | None = None,
 ) -> Any:
     """Run ``work()`` as ``task``'s work under its gate's claim (the steps of the module doc).
 
@@ -379,7 +363,7 @@ def _sleep_unless_terminated(seconds: float) -> None:
 
 
 def _end_as_the_gate_would(
-    task: Any, gate: Any, claim: RunClaim, context: Context, skipped: SkippedRun
+    task: Any, gate: Any, claim: Claim, context: Context, skipped: SkippedRun
 ) -> None:
     """End a try that found its run ``COMPLETED``: as the gate ends a run completed elsewhere.
 
@@ -404,8 +388,6 @@ def _end_as_the_gate_would(
         concrete_outlets,
         stamp_proxy_outlet_events,
     )
-    from neli_orchestrate.airflow.claims import record_to_dict
-    from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY
     from neli_orchestrate.decision import skipped_by_work
     from neli_orchestrate.ledger.record import RunState
 
@@ -467,10 +449,10 @@ class _FencedExecution:
     def __init__(
         self,
         task: Any,
-        claim: RunClaim,
+        claim: Claim,
         context: Context,
         work: Callable[[], Any],
-        prepare: Callable[[RunClaim, Context], None] | None,
+        prepare: Callable[[Claim, Context], None] | None,
     ) -> None:
         self.task = task
         self.claim = claim
@@ -940,7 +922,7 @@ class FencedExecutionMixin:
         __init__.__qualname__ = f"{cls.__qualname__}.__init__"
         cls.__init__ = __init__  # type: ignore[method-assign]
 
-    def prepare_fenced_run(self, claim: RunClaim, context: Context) -> None:
+    def prepare_fenced_run(self, claim: Claim, context: Context) -> None:
         """Hand the verified claim to the work before it starts (:func:`hand_claim_to_work`)."""
         hand_claim_to_work(self, claim, context)
 
