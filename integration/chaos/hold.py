@@ -156,10 +156,15 @@ class HoldWorld:
         from neli_orchestrate.testing.local_kafka import free_port
 
         listener_ports = {name: free_port() for name in DEPLOYMENTS}
-        for name in DEPLOYMENTS:
-            self.proxies[name] = DelayProxy(("127.0.0.1", listener_ports[name])).start()
-        self.kafka = _split_broker({n: p.port for n, p in self.proxies.items()},
-                                   listener_ports).start(timeout=300)
+        try:
+            for name in DEPLOYMENTS:
+                self.proxies[name] = DelayProxy(("127.0.0.1", listener_ports[name])).start()
+            self.kafka = _split_broker({n: p.port for n, p in self.proxies.items()},
+                                       listener_ports)
+            self.kafka.start(timeout=300)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

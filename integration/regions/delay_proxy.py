@@ -169,6 +169,8 @@ class DelayProxy:
         try:
             await asyncio.gather(self._pump(client_r, up_w, frames.feed),
                                  self._pump(up_r, client_w, None))
+        except asyncio.CancelledError:  # the proxy stops: this connection ends with it
+            pass
         finally:
             self._open.discard(pair)
             for writer in (client_w, up_w):
