@@ -147,9 +147,6 @@ class Claim:
             conf[ATTEMPT_CONF] = str(self.attempt)
         return conf
 
-    #: The name ``neli_orchestrate.spark.conf.NeliSparkConf`` users know.
-    to_spark_conf = spark_conf
-
     @classmethod
     def from_spark_conf(cls, source: Any) -> Claim:
         """Read the claim from Spark conf; ConfigError names what is missing.

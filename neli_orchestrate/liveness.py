@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from neli_orchestrate.core.client_settings import KafkaSettings, client_settings
+from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.kafka import LeaderTopicAdmin
 from neli_orchestrate.core.namespace import derive
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
@@ -163,6 +165,7 @@ class AnnouncerConfig:
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"AnnouncerConfig.{name} must be a positive number of seconds,"
                                   f" got {value!r}")
+        _announcer_settings(self, "-", 0.0)   # ConfigError for a required key in kafka_config
         if self.poll_interval * 3 > self.timeout:
             raise ConfigError(f"AnnouncerConfig.poll_interval ({self.poll_interval:g} s) must be"
                               f" at most a third of timeout ({self.timeout:g} s)")
@@ -193,6 +196,21 @@ class AnnouncerConfig:
         if not isinstance(values, dict):
             raise ConfigError(f"{ANNOUNCER_ENV} must be a JSON object")
         return cls(**values)
+
+
+def _announcer_settings(c: AnnouncerConfig, instance_id: str, since: float) -> KafkaSettings:
+    """The announcer's consumer settings (core's one builder): its group membership, static id
+    and session are the announcement, so kafka_config may not replace them."""
+    session_ms = int(c.timeout * 1000)
+    return client_settings(c.bootstrap_servers, logger=__name__ + ".librdkafka",
+                           user=c.kafka_config, required={
+                               "group.id": c.group,
+                               "group.instance.id": instance_id,
+                               "group.protocol": "classic",
+                               "session.timeout.ms": session_ms,
+                               "heartbeat.interval.ms": max(10, session_ms // 5),
+                               "enable.auto.commit": False,
+                           }, call={"client.id": f"{_CLIENT_PREFIX}{int(since * 1000)}"})
 
 
 class LivenessAnnouncer:
@@ -237,21 +255,8 @@ class LivenessAnnouncer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _consumer_config(self) -> dict[str, Any]:
-        c = self.config
-        session_ms = int(c.timeout * 1000)
-        return {
-            **dict(c.kafka_config),
-            "bootstrap.servers": c.bootstrap_servers,
-            "group.id": c.group,
-            "group.instance.id": self.instance_id,
-            "group.protocol": "classic",
-            "client.id": f"{_CLIENT_PREFIX}{int(self.since * 1000)}",
-            "session.timeout.ms": session_ms,
-            "heartbeat.interval.ms": max(10, session_ms // 5),
-            "enable.auto.commit": False,
-            "logger": logging.getLogger(__name__ + ".librdkafka"),
-        }
+    def _consumer_config(self) -> KafkaSettings:
+        return _announcer_settings(self.config, self.instance_id, self.since)
 
     def _announcement(self) -> str:
         return json.dumps({"deployment": self.config.deployment, "since": self.since,
@@ -259,14 +264,16 @@ class LivenessAnnouncer:
                            "instance": self.instance_id})
 
     def _run(self) -> None:
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
+
+        from neli_orchestrate.core.confluent import new_consumer
 
         c = self.config
         backoff = c.poll_interval
         while not self._stop.is_set():
             consumer = None
             try:
-                consumer = Consumer(self._consumer_config())
+                consumer = new_consumer(self._consumer_config())
 
                 def on_assign(cons: Any, partitions: list[Any]) -> None:
                     # Fetch nothing: membership is the message.
@@ -316,13 +323,10 @@ class LivenessReader:
     """
 
     def __init__(self, admin: LeaderTopicAdmin | Any, namespace: str, *,
-                 request_timeout: float = 10.0) -> None:
-        from confluent_kafka.admin import AdminClient
+                 request_timeout: float = NeliConfig.request_timeout) -> None:
+        from neli_orchestrate.core.confluent import as_seam_admin
 
-        if isinstance(admin, AdminClient):
-            from neli_orchestrate.core.confluent import ConfluentKafka
-
-            admin = ConfluentKafka().wrap_admin(admin)
+        admin = as_seam_admin(admin)
         self._admin: LeaderTopicAdmin = admin
         self.namespace = namespace
         self.request_timeout = request_timeout

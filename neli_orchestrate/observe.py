@@ -29,16 +29,20 @@ from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.namespace import Namespace
 from neli_orchestrate.core.roles import partition_for
 from neli_orchestrate.errors import KafkaUnavailableError
+from neli_orchestrate.ledger.cache import end_is_known
 from neli_orchestrate.settings import ClusterSettings
 
 if TYPE_CHECKING:
     from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory
     from neli_orchestrate.ledger.record import LedgerRecord
+    from neli_orchestrate.ledger.transactions import OpenTransaction
+    from neli_orchestrate.liveness import DeploymentLiveness
 
 __all__ = ["LeaderSpell", "MemberStatus", "Overview", "RoleOverview", "RoleStatus",
-           "broker_config", "collect_overview", "collect_status", "describe_config",
-           "entry_data", "group_prefix", "iso_time", "latest_runs", "outcome_phrase",
-           "role_of_group", "unstopped_note", "unstopped_notes"]
+           "broker_config", "collect_liveness", "collect_overview", "collect_status",
+           "describe_config",
+           "entry_data", "group_prefix", "iso_time", "latest_runs", "open_ledger_transaction",
+           "outcome_phrase", "role_of_group", "unstopped_note", "unstopped_notes"]
 
 #: Ledger rows an overview keeps per role (newest first).
 LEDGER_ROWS = 50
@@ -51,9 +55,9 @@ def iso_time(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
 
 
-def _client_config(target: ClusterSettings, **extra: Any) -> dict[str, Any]:
-    return target.client_config(**{"socket.timeout.ms": int(target.connect_timeout * 1000),
-                                   **extra})
+def _timeouts(target: ClusterSettings) -> dict[str, Any]:
+    """A reader's clients give up on a broker after ``connect_timeout``."""
+    return {"socket.timeout.ms": int(target.connect_timeout * 1000)}
 
 
 def group_prefix(names: Namespace) -> str:
@@ -90,6 +94,20 @@ def broker_config(admin: Any, timeout: float) -> dict[str, str] | None:
     if not metadata.brokers:
         return None
     return describe_config(admin, "BROKER", str(min(metadata.brokers)), timeout)
+
+
+def open_ledger_transaction(target: ClusterSettings, admin: Any,
+                            partition: int) -> OpenTransaction | None:
+    """The transaction holding ledger partition ``partition``'s last stable offset below its
+    high watermark (writer, role, since when: :class:`~neli_orchestrate.ledger.transactions.
+    OpenTransaction`), or None when none does. Raises ``KafkaException`` or ``TimeoutError``
+    when the broker does not answer: that is no answer, never "none open"."""
+    from neli_orchestrate.ledger.transactions import find_open_transaction
+
+    names = target.names
+    return find_open_transaction(
+        admin, lambda settings: target.consumer_client(**settings), names.ledger_topic,
+        partition, names.transactional_id_prefix, timeout=target.connect_timeout)
 
 
 #: How many records of the leader topic's tail are read per partition to find heartbeats.
@@ -152,6 +170,19 @@ class RoleStatus:
     last_run: str | None = None
 
 
+def collect_liveness(target: ClusterSettings, admin: Any | None = None) -> list[DeploymentLiveness]:
+    """Every deployment of the namespace that ever announced its liveness, by name (read-only:
+    nobody joins). ``admin``: the seam's admin (or a test's fake); made here if None."""
+    from neli_orchestrate.liveness import LivenessReader
+
+    if admin is None:
+        from neli_orchestrate.core.confluent import ConfluentKafka
+
+        admin = ConfluentKafka().admin(target.client_config())
+    return LivenessReader(admin, target.namespace,
+                          request_timeout=target.connect_timeout).read_all()
+
+
 def _ck() -> Any:
     import confluent_kafka
     import confluent_kafka.admin  # noqa: F401
@@ -179,6 +210,43 @@ def _role_groups(admin: Any, target: ClusterSettings) -> dict[str, str]:
     return roles
 
 
+def _heartbeat_ends(admin: Any, target: ClusterSettings, topic: str, count: int
+                    ) -> tuple[dict[int, int], dict[int, str]]:
+    """The end offset of each heartbeat partition, and why a partition's could not be read.
+
+    A sentinel (-1001 while the partition's leader changes) or an error is asked again until
+    the connect timeout, and never read as an empty partition: a partition whose end stays
+    unknown is reported as unread, not as "no heartbeat" (which would say its leader is fenced).
+    """
+    ck = _ck()
+    ends: dict[int, int] = {}
+    unread: dict[int, str] = {}
+    deadline = time.monotonic() + target.connect_timeout
+    while count:
+        tps = [ck.TopicPartition(topic, p) for p in range(count) if p not in ends]
+        unread = {}
+        try:
+            offsets = admin.list_offsets({tp: ck.admin.OffsetSpec.latest() for tp in tps},
+                                         request_timeout=target.connect_timeout)
+        except ck.KafkaException as exc:
+            unread = {tp.partition: str(exc) for tp in tps}
+            offsets = {}
+        for tp, future in offsets.items():
+            try:
+                end = int(future.result(timeout=target.connect_timeout + 5).offset)
+            except Exception as exc:  # noqa: BLE001 - per partition, asked again below
+                unread[tp.partition] = f"{type(exc).__name__}: {exc}"
+                continue
+            if end_is_known(end):
+                ends[tp.partition] = end
+            else:
+                unread[tp.partition] = f"the broker answered offset {end}"
+        if not unread or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    return ends, unread
+
+
 def _heartbeats(target: ClusterSettings, topic: str, partitions: Sequence[int],
                 ends: dict[int, int]) -> list[tuple[float, str, int]]:
     """Every heartbeat in the topic's tail: (wall time, NELI member id, partition), by time."""
@@ -187,11 +255,11 @@ def _heartbeats(target: ClusterSettings, topic: str, partitions: Sequence[int],
     seen: list[tuple[float, str, int]] = []
     if not todo:
         return seen
-    consumer = ck.Consumer(_client_config(target, **{
+    consumer = target.consumer_client(**_timeouts(target), **{
         "group.id": f"neli-status-{uuid.uuid4().hex}",  # assign() only: never joins
         "enable.auto.commit": False, "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
-    }))
+    })
     deadline = time.monotonic() + target.connect_timeout
     try:
         consumer.assign([ck.TopicPartition(topic, p, max(0, end - TAIL_RECORDS))
@@ -349,7 +417,7 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
     ck = _ck()
     names = target.names
     lease = NeliConfig(profile=profile).resolved.heartbeat_timeout
-    admin = ck.admin.AdminClient(_client_config(target))
+    admin = target.admin_client(**_timeouts(target))
     try:
         # first: an unreachable cluster must be an error, not "no roles"
         metadata = admin.list_topics(topic=names.leader_topic, timeout=target.connect_timeout)
@@ -365,13 +433,7 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
             f"{target.bootstrap_servers}: {exc}") from exc
     meta = metadata.topics.get(names.leader_topic)
     count = len(meta.partitions) if meta is not None and meta.error is None else 0
-    ends: dict[int, int] = {}
-    if count:
-        tps = [ck.TopicPartition(names.leader_topic, p) for p in range(count)]
-        offsets = admin.list_offsets({tp: ck.admin.OffsetSpec.latest() for tp in tps},
-                                     request_timeout=target.connect_timeout)
-        ends = {tp.partition: int(f.result(timeout=target.connect_timeout + 5).offset)
-                for tp, f in offsets.items()}
+    ends, unread = _heartbeat_ends(admin, target, names.leader_topic, count)
     all_beats = _heartbeats(target, names.leader_topic, list(range(count)), ends)
     beats = _newest(all_beats)
     history = _read_ledger(target, list(groups), history)
@@ -418,7 +480,10 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
                 spells = [sp for sp in st.timeline if sp.member == st.leader_member]
                 st.leader_since = spells[-1].start if spells else None
         holders = [m for m in st.members if partition in m.partitions]
-        if holders and st.leader_member is None:
+        if partition in unread:
+            st.notes.append(f"who leads is not known: the end of heartbeat partition {partition} "
+                            f"could not be read ({unread[partition]}); ask again")
+        elif holders and st.leader_member is None:
             st.notes.append(f"partition {partition} is assigned but no fresh heartbeat "
                             f"(within {lease:g} s) was seen: the holder is starting or fenced")
         if not st.members:

@@ -23,20 +23,34 @@ more settings than a front door shows, and imports no pydantic.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
-from neli_orchestrate.core.config import PROFILES, PROTECTED_KAFKA_SETTINGS
+from neli_orchestrate.core.client_settings import KafkaSettings, client_settings
+from neli_orchestrate.core.config import PROFILES, PROTECTED_KAFKA_SETTINGS, NeliConfig
+from neli_orchestrate.core.confluent import new_admin, new_consumer, new_producer
 from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.singleton.config import SingletonConfig
 
 __all__ = ["ClusterSettings", "NeliSettings", "choices", "declaration", "field", "kind", "parse"]
 
 #: The group protocols a setting may name (None: the core's default, ``auto``).
 GroupProtocolName = Literal["auto", "classic", "consumer"]
+
+def _default(config: type, name: str) -> Any:
+    """The default of field ``name`` of the protocol's dataclass ``config``: a value the layers
+    below need is written once, there, and every declaration here takes it from there
+    (tests/test_settings_declared_once.py fails on a default written twice)."""
+    return {f.name: f.default for f in dataclasses.fields(config)}[name]
+
+
+#: The brokers a command line connects to when none are named (the core's default).
+DEFAULT_BOOTSTRAP_SERVERS: str = _default(NeliConfig, "bootstrap_servers")
 
 #: The numeric settings (seconds, attempts).
 _NUMBERS = ("connect_timeout", "session_timeout", "heartbeat_timeout", "handoff_timeout",
@@ -75,7 +89,7 @@ class ClusterSettings(BaseModel):
         "owns are refused.",
     )
     connect_timeout: float = Field(
-        default=10.0,
+        default=_default(NeliConfig, 'request_timeout'),
         gt=0,
         title="Connect timeout (s)",
         description="Seconds for one round trip to the brokers when reading or checking "
@@ -110,9 +124,29 @@ class ClusterSettings(BaseModel):
         """Every Kafka name of the namespace (the core's one derivation)."""
         return derive(self.namespace, ledger_topic=self.ledger_topic)
 
-    def client_config(self, **extra: Any) -> dict[str, Any]:
-        """librdkafka settings for a client of this cluster (contains secrets)."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config, **extra}
+    def client_config(self, **call: Any) -> KafkaSettings:
+        """librdkafka settings for a client of this cluster (contains secrets), from core's one
+        builder: ``call`` (this client's own settings) over ``kafka_config`` over the defaults;
+        librdkafka's logs go to Python's ``logging``."""
+        return client_settings(self.bootstrap_servers, logger="neli_orchestrate.librdkafka",
+                               call=call, user=self.kafka_config,
+                               defaults=self._client_defaults())
+
+    def _client_defaults(self) -> dict[str, Any]:
+        """Defaults a subclass gives its clients (``kafka_config`` may replace them)."""
+        return {}
+
+    def admin_client(self, **call: Any) -> Any:
+        """A confluent-kafka ``AdminClient`` of this cluster (made by the core's seam)."""
+        return new_admin(self.client_config(**call))
+
+    def consumer_client(self, **call: Any) -> Any:
+        """A confluent-kafka ``Consumer`` of this cluster; ``call`` names its group and reads."""
+        return new_consumer(self.client_config(**call))
+
+    def producer_client(self, **call: Any) -> Any:
+        """A confluent-kafka ``Producer`` of this cluster."""
+        return new_producer(self.client_config(**call))
 
     def ledger_config(self) -> Any:
         """The :class:`~neli_orchestrate.ledger.kafka.KafkaLedgerConfig` of a ledger reader: the
@@ -172,7 +206,7 @@ class NeliSettings(ClusterSettings):
         "a leader that has not read back its own heartbeat for this long fences itself.",
     )
     handoff_timeout: float = Field(
-        default=300.0,
+        default=_default(SingletonConfig, 'handoff_timeout'),
         ge=0,
         title="Handoff timeout (s)",
         description="Seconds another deployment's CLAIMED record is respected before this "
@@ -180,14 +214,14 @@ class NeliSettings(ClusterSettings):
         "delay.",
     )
     acquire_timeout: float = Field(
-        default=60.0,
+        default=_default(SingletonConfig, 'acquire_timeout'),
         gt=0,
         title="Acquire timeout (s)",
         description="Seconds one attempt waits to become leader of the role before it answers "
         "WAIT.",
     )
     liveness_timeout: float = Field(
-        default=10.0,
+        default=_default(SingletonConfig, 'liveness_timeout'),
         gt=0,
         title="Liveness timeout (s)",
         description="Seconds of silence after which Kafka shows this deployment gone (its "

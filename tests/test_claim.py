@@ -22,19 +22,20 @@ def test_every_wire_form_gives_the_same_claim_back() -> None:
                            "NELI_ROLE": "daily_flights", "NELI_DEPLOYMENT": "us-east-1"}
 
 
-def test_the_integrations_names_are_the_one_claim() -> None:
+def test_the_integrations_read_and_write_the_one_claim() -> None:
     from neli_orchestrate.spark import neli_spark_conf, read_neli_conf
-    from neli_orchestrate.spark.conf import NeliSparkConf
 
-    assert NeliSparkConf is Claim
     assert read_neli_conf(neli_spark_conf(**CLAIM.xcom())) == CLAIM
 
 
-def test_airflow_claim_is_the_one_claim() -> None:
-    from neli_orchestrate.airflow.claims import RunClaim
+def test_the_claim_has_one_name() -> None:
+    """The aliases ``airflow.claims.RunClaim`` and ``spark.conf.NeliSparkConf`` are gone (#32)."""
+    from neli_orchestrate.airflow import claims
+    from neli_orchestrate.spark import conf
 
-    assert RunClaim is Claim
-    assert RunClaim.from_xcom(CLAIM.xcom()).with_token(43).token == 43
+    assert not hasattr(claims, "RunClaim")
+    assert not hasattr(conf, "NeliSparkConf")
+    assert not hasattr(Claim, "to_spark_conf")
 
 
 def test_the_singletons_answers_carry_the_claim() -> None:

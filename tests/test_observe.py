@@ -59,7 +59,10 @@ def test_the_dagster_resource_reads_through_the_read_model(monkeypatch) -> None:
     cluster, deployment, roles, run_key = seen["args"]
     assert (deployment, roles, run_key) == ("eu-1", ["daily"], "2013-01-05")
     assert cluster.names.ledger_topic == "acme.ledger"
-    assert cluster.client_config() == {"bootstrap.servers": "kafka:9092", "client.rack": "az1"}
+    config = cluster.client_config()
+    assert config["logger"].name == "neli_orchestrate.librdkafka"
+    assert {k: v for k, v in config.items() if k != "logger"} == {
+        "bootstrap.servers": "kafka:9092", "client.rack": "az1"}
 
 
 def test_outcome_phrase_says_where_a_run_was_skipped_by_its_task() -> None:
@@ -103,3 +106,54 @@ def test_no_module_but_a_package_init_re_exports_what_it_imports() -> None:
                 found += [f"{path.relative_to(PACKAGE.parent)}: {name}"
                           for name in ast.literal_eval(node.value) if name not in defined]
     assert found == [], found
+
+
+class _Future:
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def result(self, timeout: float | None = None) -> object:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        from types import SimpleNamespace
+
+        return SimpleNamespace(offset=self.answer)
+
+
+class _Admin:
+    """list_offsets answers per partition, one answer a call, the last one repeated."""
+
+    def __init__(self, answers: dict[int, list[object]]) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    def list_offsets(self, specs: dict, request_timeout: float) -> dict:
+        self.calls += 1
+        out = {}
+        for tp in specs:
+            queue = self.answers[tp.partition]
+            out[tp] = _Future(queue.pop(0) if len(queue) > 1 else queue[0])
+        return out
+
+
+def _target(timeout: float):
+    from neli_orchestrate.settings import ClusterSettings
+
+    return ClusterSettings(bootstrap_servers="localhost:1", namespace="obs",
+                           connect_timeout=timeout)
+
+
+def test_a_heartbeat_partitions_end_is_asked_again_never_read_as_empty() -> None:
+    """-1001 (a leader change) is asked again; one that stays unknown is reported unread, so
+    `status` says who leads is not known instead of "no fresh heartbeat: fenced" (issue 31)."""
+    from neli_orchestrate.observe import _heartbeat_ends
+
+    admin = _Admin({0: [-1001, -1001, 42], 1: [7]})
+    assert _heartbeat_ends(admin, _target(30.0), "obs.neli", 2) == ({0: 42, 1: 7}, {})
+    assert admin.calls == 3
+
+    ends, unread = _heartbeat_ends(_Admin({0: [-1001], 1: [RuntimeError("timed out")],
+                                           2: [5]}), _target(0.5), "obs.neli", 3)
+    assert ends == {2: 5}
+    assert set(unread) == {0, 1}
+    assert "-1001" in unread[0] and "timed out" in unread[1]

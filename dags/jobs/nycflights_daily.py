@@ -42,17 +42,17 @@ except ImportError:  # run as a script by spark-submit: the script's directory i
     import nycflights_data  # type: ignore[no-redef]
 
 from neli_orchestrate.errors import StaleTokenError
+from neli_orchestrate.sinks.delta import (
+    committed_token,
+    delta_app_id,
+    delta_session_conf,
+    write_delta_fenced,
+)
 from neli_orchestrate.spark import (
     TokenCommitGuard,
     cancel_on_fence,
     read_neli_conf,
     write_parquet_fenced,
-)
-from neli_orchestrate.spark.delta import (
-    committed_token,
-    delta_app_id,
-    delta_session_conf,
-    write_delta_fenced,
 )
 
 if TYPE_CHECKING:

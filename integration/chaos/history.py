@@ -136,7 +136,7 @@ def _one_token_alive(processes: Sequence[Mapping[str, Any]], allowance: float) -
                     problems.append(
                         f"{role}: token {first['token']} ({first['region']}) and token "
                         f"{second['token']} ({second['region']}) were alive at once for "
-                        f"{live:.1f} s")
+                        f"{live:.2f} s")
     return problems
 
 

@@ -6,6 +6,14 @@ Usage::
         proxy.port              # clients connect here; bytes reach upstream 15 ms (±2) later
         proxy.set_delay(0.030)  # change it while connections are open
         proxy.requests          # Kafka requests seen from clients, by API key
+        proxy.cut()             # a network partition for this proxy's clients only
+        proxy.heal()            # and its end
+
+``cut()`` is a black hole, not a refusal: from then on nothing read from either side of any
+connection (open or new) is forwarded, and no connection is closed, so a client learns of the
+partition only through its own timeouts, as with a lost route. ``heal()`` forwards again on
+new connections and closes every connection that was open during the cut (bytes were dropped
+from its streams), as a client's TCP stack would after a long partition.
 
 Every chunk read from one side is written to the other ``one_way`` (plus a uniform jitter of at
 most ``jitter``) seconds after it was read, in order: each direction is one FIFO, so a chunk
@@ -63,6 +71,10 @@ class DelayProxy:
                                         daemon=True)
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._cut = False
+        #: connections (client writer, upstream writer) open during a cut: closed on heal
+        self._poisoned: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self._open: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
 
     # -- control (any thread) ----------------------------------------------------------------
 
@@ -86,6 +98,19 @@ class DelayProxy:
         self.one_way = one_way
         if jitter is not None:
             self.jitter = jitter
+
+    @property
+    def is_cut(self) -> bool:
+        return self._cut
+
+    def cut(self) -> None:
+        """Stop forwarding anything, on every connection open now or opened later."""
+        self._cut = True
+        asyncio.run_coroutine_threadsafe(self._poison_open(), self._loop).result(timeout=10)
+
+    def heal(self) -> None:
+        """Forward again; close the connections the cut broke."""
+        asyncio.run_coroutine_threadsafe(self._heal(), self._loop).result(timeout=10)
 
     @property
     def requests(self) -> dict[int, int]:
@@ -119,6 +144,16 @@ class DelayProxy:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _poison_open(self) -> None:
+        self._poisoned.extend(self._open)
+
+    async def _heal(self) -> None:
+        self._cut = False
+        poisoned, self._poisoned = self._poisoned, []
+        for pair in poisoned:
+            for writer in pair:
+                writer.close()
+
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
             up_r, up_w = await asyncio.open_connection(*self.upstream)
@@ -126,11 +161,18 @@ class DelayProxy:
             client_w.close()
             return
         self._writers.update((client_w, up_w))
+        pair = (client_w, up_w)
+        self._open.add(pair)
+        if self._cut:
+            self._poisoned.append(pair)
         frames = _FrameCounter(self._count)
         try:
             await asyncio.gather(self._pump(client_r, up_w, frames.feed),
                                  self._pump(up_r, client_w, None))
+        except asyncio.CancelledError:  # the proxy stops: this connection ends with it
+            pass
         finally:
+            self._open.discard(pair)
             for writer in (client_w, up_w):
                 self._writers.discard(writer)
                 writer.close()
@@ -162,6 +204,10 @@ class DelayProxy:
         try:
             while True:
                 data = await reader.read(65536)
+                if self._cut:  # a black hole: dropped, the stream is broken until heal
+                    if not data:
+                        break
+                    continue
                 if inspect is not None and data:
                     inspect(data)
                 delay = self.one_way + (self._random.uniform(0, self.jitter)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from neli_orchestrate.airflow.claims import RunClaim
+    from neli_orchestrate.claim import Claim
     from neli_orchestrate.ledger.record import LedgerRecord
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def concrete_outlets(task: Any) -> tuple[list[Any], list[str]]:
     return assets, refused
 
 
-def stamp_outlet_events(task: Any, context: Mapping[str, Any], claim: RunClaim) -> None:
+def stamp_outlet_events(task: Any, context: Mapping[str, Any], claim: Claim) -> None:
     """Add the claim's identity to the extra of the asset events ``task`` emits on success.
 
     Called by the fenced execution in the region that runs the work; user-set extra keys stay.

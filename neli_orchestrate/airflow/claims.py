@@ -7,7 +7,8 @@ Usage::
         log.info("latest: %s", describe(record))
 
 The gate pushes its claim (:class:`~neli_orchestrate.claim.Claim`) as its XCom; a fenced task
-reads it back. Nothing here
+reads it back. A gate that skips, and a fenced try that ends as the gate would, record the
+ledger entry they found under :data:`DONE_ELSEWHERE_XCOM_KEY`. Nothing here
 imports an operator, sensor or trigger, so those modules import this one and never each other
 in a circle.
 """
@@ -19,9 +20,7 @@ import shlex
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from neli_orchestrate.claim import Claim
-
-__all__ = ["CLAIM_CONTEXT_KEY", "RunClaim", "describe",
+__all__ = ["CLAIM_CONTEXT_KEY", "DONE_ELSEWHERE_XCOM_KEY", "describe",
            "open_singleton", "record_to_dict", "reset_command"]
 
 if TYPE_CHECKING:
@@ -33,10 +32,10 @@ if TYPE_CHECKING:
 #: functions: declare a parameter of this name).
 CLAIM_CONTEXT_KEY = "neli_claim"
 
-#: The claim the gate pushes as its XCom and a fenced task runs under: the one claim type
-#: (:class:`neli_orchestrate.claim.Claim`), whose XCom and environment forms
-#: (:data:`CLAIM_KEYS`, :data:`CLAIM_ENV`) are written and read there.
-RunClaim = Claim
+#: XCom key under which a skipping gate (and a fenced try that found its run completed
+#: elsewhere) records the ledger entry it found: the "Ran in region" link and the NELI page
+#: read it.
+DONE_ELSEWHERE_XCOM_KEY = "neli_done"
 
 
 def reset_command(role: str, run_key: str) -> str:

@@ -16,12 +16,15 @@ Where entry points are not an option, register it in ``airflow_local_settings.py
 
 This module only rewrites and checks DAGs when they are loaded: :func:`fence_downstream`
 installs :class:`FencedExecute` as the ``execute`` of each gate's direct child and raises
-:class:`UnfenceableTaskError` for a shape that cannot be fenced. What a fenced task does when
-it runs is :mod:`neli_orchestrate.airflow.operators.fenced`, which this module imports (never
-the other way round), and only inside functions: Airflow loads this entry point while
-importing its settings, which can happen inside ``import neli_orchestrate.airflow.hooks.neli``
-(the hook imports Airflow); a module-level import of the operators would then import the
-half-initialised hook module and fail.
+:class:`UnfenceableTaskError` for a shape that cannot be fenced. Where the gates are
+(:mod:`neli_orchestrate.airflow.graph`) it imports at module level: that module imports nothing
+of ours. What a fenced task does when it runs is :mod:`neli_orchestrate.airflow.operators.fenced`,
+which this module imports (never the other way round), and only inside functions: Airflow
+loads this entry point while importing its settings, which can happen inside
+``import neli_orchestrate.airflow.hooks.neli`` (the hook imports Airflow); a module-level import
+of the operators would then import the half-initialised hook module and fail. The gate imports
+this module; this module never imports the gate (pyproject.toml's contract "Airflow's gate,
+policy, fenced try and graph").
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow.policies import hookimpl
+
+from neli_orchestrate.airflow.graph import direct_gates, is_gate, is_mapped
+from neli_orchestrate.airflow.spark_provider import import_problem, is_spark_submit
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -110,7 +116,7 @@ def fence_downstream(dag: Any) -> None:
     scheduler never runs it), a task behind two gates, an explicitly fenced task that is not a
     direct child of a gate.
     """
-    from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin, is_gate
+    from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin
 
     for task in dag.tasks:
         if is_gate(task):
@@ -121,9 +127,7 @@ def fence_downstream(dag: Any) -> None:
 
 def _check_explicit(dag: Any, task: Any) -> None:
     """An explicitly fenced task must be a direct child of (its) gate."""
-    from neli_orchestrate.airflow.operators.fenced import _direct_gates
-
-    gates = _direct_gates(task)
+    gates = direct_gates(task)
     named = task.gate_task_id
     if not gates or (named and named not in {g.task_id for g in gates}):
         raise UnfenceableTaskError(
@@ -136,12 +140,8 @@ def _check_explicit(dag: Any, task: Any) -> None:
 
 def _check_spark_completion(what: str, task: Any) -> None:
     """Refuse a SparkSubmitOperator whose spark-submit returns before the application ended."""
-    from neli_orchestrate.airflow.operators.fenced import _is_spark_submit
-
-    if not _is_spark_submit(task):
+    if not is_spark_submit(task):
         return
-    from neli_orchestrate.spark.applications import import_problem
-
     problem = import_problem(task)
     if problem:
         raise UnfenceableTaskError(
@@ -150,15 +150,11 @@ def _check_spark_completion(what: str, task: Any) -> None:
 
 
 def _fence_child_of(gate: Any) -> None:
-    from neli_orchestrate.airflow.operators.fenced import (
-        FencedExecutionMixin,
-        _direct_gates,
-        _is_mapped,
-    )
+    from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin
 
     dag_id = gate.dag.dag_id if gate.dag else "?"
     where = f"DAG {dag_id!r}, gate {gate.task_id!r}"
-    if _is_mapped(gate):
+    if is_mapped(gate):
         raise UnfenceableTaskError(
             f"{where}: a LeaderGateOperator cannot be mapped (.expand); give each item its own "
             "DAG run, or its own gate with a run_key that names the item"
@@ -175,7 +171,7 @@ def _fence_child_of(gate: Any) -> None:
         )
     (child,) = children
     what = f"{where}: task {child.task_id!r}"
-    if _is_mapped(child):
+    if is_mapped(child):
         raise UnfenceableTaskError(
             f"{what} is mapped (.expand): its map indexes would share one claim. Run the items "
             "inside one task, or give each item its own DAG run or gate (run_key naming the "
@@ -196,7 +192,7 @@ def _fence_child_of(gate: Any) -> None:
             f"{what} is an EmptyOperator: the scheduler marks it done without running it, so "
             "nothing would record the run COMPLETED; put the real work directly after the gate"
         )
-    others = sorted(g.task_id for g in _direct_gates(child) if g is not gate)
+    others = sorted(g.task_id for g in direct_gates(child) if g is not gate)
     if others:
         raise UnfenceableTaskError(
             f"{what} is also directly downstream of gate(s) {others}; a task runs under one "

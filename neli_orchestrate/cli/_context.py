@@ -19,9 +19,9 @@ from typing import Any
 
 import click
 
-from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.settings import (
+    DEFAULT_BOOTSTRAP_SERVERS,
     ClusterSettings,
     NeliSettings,
     choices,
@@ -30,16 +30,10 @@ from neli_orchestrate.settings import (
     parse,
 )
 
-__all__ = ["SettingOption", "Target", "connection_options", "namespace_names", "setting_option"]
+__all__ = ["SettingOption", "Target", "connection_options", "setting_option"]
 
 #: librdkafka's own log lines go through this logger (``-v`` shows them).
 librdkafka_log = logging.getLogger("neli_orchestrate.cli.librdkafka")
-
-
-def namespace_names(namespace: str, ledger_topic: str | None = None) -> Namespace:
-    """The group ids, topics and transactional-id prefix of ``namespace`` (the core's one
-    derivation, shared with SingletonConfig, the Airflow hook and the Dagster resource)."""
-    return derive(namespace, ledger_topic=ledger_topic)
 
 
 def _read_properties(path: Path) -> dict[str, str]:
@@ -70,11 +64,11 @@ class Target(ClusterSettings):
         """The ``--ledger-topic`` given (None: the namespace's)."""
         return self.ledger_topic
 
-    def client_config(self, **extra: Any) -> dict[str, Any]:
-        """librdkafka settings for a client of this cluster; its logs go to Python logging."""
-        return super().client_config(**{"client.id": "neli-orchestrate-cli",
-                                        "socket.timeout.ms": int(self.timeout * 1000),
-                                        **self.kafka_config, "logger": librdkafka_log, **extra})
+    def _client_defaults(self) -> dict[str, Any]:
+        """The command line's clients: named, bounded by ``--timeout``, logging to
+        ``neli_orchestrate.cli.librdkafka``."""
+        return {"client.id": "neli-orchestrate-cli",
+                "socket.timeout.ms": int(self.timeout * 1000), "logger": librdkafka_log}
 
     def with_timeout(self, timeout: float) -> Target:
         return self.model_copy(update={"connect_timeout": timeout})
@@ -141,12 +135,10 @@ def setting_option(name: str, *decls: str, model: type[ClusterSettings] = NeliSe
 
 def connection_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Add the cluster options; the command receives one ``target: Target`` argument."""
-    from neli_orchestrate.core.config import NeliConfig
-
     options = [
         setting_option("bootstrap_servers", "--bootstrap-servers", "-b", model=ClusterSettings,
                        envvar="NELI_BOOTSTRAP_SERVERS", show_envvar=True, required=False,
-                       default=NeliConfig.bootstrap_servers, show_default=True),
+                       default=DEFAULT_BOOTSTRAP_SERVERS, show_default=True),
         setting_option("namespace", "--namespace", "-n", model=ClusterSettings,
                        envvar="NELI_NAMESPACE", show_envvar=True),
         setting_option("ledger_topic", "--ledger-topic", model=ClusterSettings,

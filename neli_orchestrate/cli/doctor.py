@@ -26,8 +26,12 @@ from neli_orchestrate.cli._output import emit, json_option, progress, stdout, ta
 from neli_orchestrate.core.config import NeliConfig, ResolvedConfig
 from neli_orchestrate.core.topic import COORDINATOR_WRITE_TIMEOUT_KEY, choose_group_protocol
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.ledger.transactions import find_open_transaction
-from neli_orchestrate.observe import broker_config, describe_config, group_prefix
+from neli_orchestrate.observe import (
+    broker_config,
+    describe_config,
+    group_prefix,
+    open_ledger_transaction,
+)
 
 __all__ = ["Finding", "broker_release", "diagnose", "doctor"]
 
@@ -175,7 +179,7 @@ class _Doctor:
     def reachability(self) -> bool:
         ck = _ck()
         t = self.target
-        self.admin = ck.admin.AdminClient(t.client_config())
+        self.admin = t.admin_client()
         try:
             metadata = self.admin.list_topics(timeout=t.timeout)
         except ck.KafkaException as exc:
@@ -397,7 +401,7 @@ class _Doctor:
             self.add("acl", WARNING, f"describing group {probe!r} failed: {exc}")
         if names.leader_topic not in topics:
             return
-        consumer = ck.Consumer(t.client_config(**{"group.id": probe, "enable.auto.commit": False}))
+        consumer = t.consumer_client(**{"group.id": probe, "enable.auto.commit": False})
         try:
             consumer.commit(offsets=[ck.TopicPartition(names.leader_topic, 0, 0)],
                             asynchronous=False)
@@ -424,7 +428,7 @@ class _Doctor:
         ck = _ck()
         t, names = self.target, self.names
         if names.leader_topic in topics:
-            producer = ck.Producer(t.client_config(**{"acks": "all", "linger.ms": 0}))
+            producer = t.producer_client(**{"acks": "all", "linger.ms": 0})
             errors: list[str] = []
             producer.produce(names.leader_topic, key=b"__neli_doctor", value=b"{}",
                              on_delivery=lambda err, msg: errors.append(err.name()) if err
@@ -437,8 +441,8 @@ class _Doctor:
             else:
                 self.add("acl", OK, f"WRITE on leader topic {names.leader_topic!r} allowed")
         tid = f"{names.transactional_id_prefix}__neli_doctor_{uuid.uuid4().hex[:8]}"
-        producer = ck.Producer(t.client_config(**{
-            "transactional.id": tid, "transaction.timeout.ms": 10000, "linger.ms": 0}))
+        producer = t.producer_client(**{
+            "transactional.id": tid, "transaction.timeout.ms": 10000, "linger.ms": 0})
         try:
             producer.init_transactions(t.timeout)
         except ck.KafkaException as exc:
@@ -488,9 +492,7 @@ class _Doctor:
         hanging = 0
         for partition in range(topics[topic]):
             try:
-                found = find_open_transaction(
-                    self.admin, lambda settings: ck.Consumer(t.client_config(**settings)),
-                    topic, partition, names.transactional_id_prefix, timeout=t.timeout)
+                found = open_ledger_transaction(t, self.admin, partition)
             except (ck.KafkaException, TimeoutError) as exc:
                 self.add("transactions", WARNING, f"cannot read the last stable offset of "
                          f"ledger partition {topic}[{partition}]: {exc}",
@@ -535,7 +537,7 @@ class _Doctor:
                              f"create topic {topic!r} with message.timestamp.type="
                              f"LogAppendTime, or grant CREATE on it")
                     return
-        producer = ck.Producer(t.client_config(**{"acks": "all", "linger.ms": 0}))
+        producer = t.producer_client(**{"acks": "all", "linger.ms": 0})
         samples: list[tuple[float, float]] = []  # (offset, uncertainty)
         deadline = time.monotonic() + t.timeout
         for _ in range(5):

@@ -1,7 +1,7 @@
 """The deployments of a namespace and whether Kafka shows them alive (``status``'s table).
 
-A separate read model (:class:`~neli_orchestrate.liveness.LivenessReader`) so that any front
-door (the CLI's ``status``, the Airflow page) can show it.
+Renders the read model's :func:`~neli_orchestrate.observe.collect_liveness` (any front door,
+the CLI's ``status`` or the Airflow page, can show it).
 """
 
 from __future__ import annotations
@@ -12,23 +12,10 @@ from typing import Any
 from neli_orchestrate.cli._context import Target
 from neli_orchestrate.cli._output import table, when
 from neli_orchestrate.errors import KafkaUnavailableError
-from neli_orchestrate.liveness import DeploymentLiveness, LivenessReader
+from neli_orchestrate.liveness import DeploymentLiveness
+from neli_orchestrate.observe import collect_liveness
 
-__all__ = ["collect_liveness", "is_liveness_group", "liveness_json", "print_liveness"]
-
-
-def is_liveness_group(target: Target, group_id: str) -> bool:
-    """True for a deployment's liveness group (not a role's NELI group)."""
-    return target.names.is_liveness_group(group_id)
-
-
-def collect_liveness(target: Target, admin: Any | None = None) -> list[DeploymentLiveness]:
-    """Every deployment of the namespace that ever announced its liveness, by name."""
-    if admin is None:
-        from neli_orchestrate.core.confluent import ConfluentKafka
-
-        admin = ConfluentKafka().admin(target.client_config())
-    return LivenessReader(admin, target.namespace, request_timeout=target.timeout).read_all()
+__all__ = ["liveness_json", "print_liveness"]
 
 
 def liveness_json(found: list[DeploymentLiveness]) -> list[dict[str, Any]]:

@@ -467,14 +467,12 @@ def _first_contact(target: Target, then: str) -> None:
     """Ask the cluster once, within ``--timeout``; if no broker answers, say so at once in
     ``doctor``'s words (the address, what to check) instead of retrying silently. A signal
     ends the wait (the probe runs on a daemon thread)."""
-    from confluent_kafka.admin import AdminClient
-
     outcome: list[str] = []
     answered = threading.Event()
 
     def probe() -> None:
         try:
-            AdminClient(target.client_config()).list_topics(timeout=target.timeout)
+            target.admin_client().list_topics(timeout=target.timeout)
         except Exception as exc:  # noqa: BLE001 - reported below; the claim retries anyway
             outcome.append(exc.args[0].str() if exc.args and hasattr(exc.args[0], "str")
                            else str(exc))

@@ -13,9 +13,9 @@ import click
 
 from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, table, when
-from neli_orchestrate.cli.liveness import collect_liveness, liveness_json, print_liveness
+from neli_orchestrate.cli.liveness import liveness_json, print_liveness
 from neli_orchestrate.errors import KafkaUnavailableError
-from neli_orchestrate.observe import collect_status
+from neli_orchestrate.observe import collect_liveness, collect_status
 
 __all__ = ["status"]
 

@@ -3,8 +3,11 @@
 :class:`ConfluentKafka` makes the clients the protocol talks to through
 :mod:`neli_orchestrate.core.kafka`; the ``*_settings`` functions turn a resolved
 :class:`~neli_orchestrate.core.config.NeliConfig` into each client's librdkafka settings.
-Nothing outside this module (and the ledger's own transactional client) names a
-confluent-kafka class.
+:func:`new_admin`, :func:`new_consumer` and :func:`new_producer` are the package's only
+constructors of confluent-kafka clients (the ledger, the liveness announcer and the read model
+use them for the raw clients they need); they take only settings from the one builder,
+:func:`~neli_orchestrate.core.client_settings.client_settings`. tests/test_kafka_clients.py
+fails if another module constructs a client.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from neli_orchestrate.core.client_settings import KafkaSettings, client_settings
 from neli_orchestrate.core.kafka import (
     CommittedOffset,
     ConsumerFault,
@@ -43,11 +47,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfluentKafka",
+    "as_seam_admin",
     "LoginRefusal",
     "RECONNECT_BACKOFF_MS",
     "admin_settings",
     "consumer_settings",
     "is_authorization_error",
+    "new_admin",
+    "new_consumer",
+    "new_producer",
     "producer_settings",
     "watcher_settings",
 ]
@@ -99,25 +107,28 @@ def _ms(seconds: float) -> int:
     return max(1, int(round(seconds * 1000)))
 
 
-def _common(r: ResolvedConfig) -> dict[str, Any]:
-    settings: dict[str, Any] = {
-        "bootstrap.servers": r.bootstrap_servers,
-        "client.id": f"neli-{r.name}",
-        # heartbeats are tiny and latency-bound; Nagle's algorithm would delay them
-        "socket.nagle.disable": True,
-        "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
-        "logger": librdkafka_log,
-    }
-    settings.update(r.kafka_config)   # NeliConfig.kafka_config overrides ours
-    return settings
+def _settings(r: ResolvedConfig, *, required: Mapping[str, Any],
+              call: Mapping[str, Any] | None = None) -> KafkaSettings:
+    """A member client's settings through the one builder; the reasons for refusing a required
+    key are NeliConfig's (PROTECTED_KAFKA_SETTINGS, which NeliConfig also checks up front)."""
+    from neli_orchestrate.core.config import PROTECTED_KAFKA_SETTINGS
+
+    return client_settings(
+        r.bootstrap_servers, logger=librdkafka_log, required=required, call=call,
+        user=r.kafka_config, why=PROTECTED_KAFKA_SETTINGS,
+        defaults={
+            "client.id": f"neli-{r.name}",
+            # heartbeats are tiny and latency-bound; Nagle's algorithm would delay them
+            "socket.nagle.disable": True,
+            "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+        })
 
 
-def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
+def consumer_settings(r: ResolvedConfig) -> KafkaSettings:
     """The consumer's librdkafka settings for a resolved config (group protocol chosen)."""
     if r.group_protocol not in ("classic", "consumer"):
         raise ValueError("choose the group protocol first (topic.resolve_protocol)")
-    settings = _common(r)
-    settings.update({
+    required: dict[str, Any] = {
         "group.id": r.group_id,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -125,9 +136,9 @@ def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
         "enable.partition.eof": False,
         "fetch.wait.max.ms": _ms(r.fetch_wait_max),
         "max.poll.interval.ms": _ms(r.max_poll_interval),
-    })
+    }
     if r.group_protocol == "classic":
-        settings.update({
+        required.update({
             "group.protocol": "classic",
             "partition.assignment.strategy": r.assignor or "cooperative-sticky",
             "session.timeout.ms": _ms(r.session_timeout),
@@ -144,31 +155,26 @@ def consumer_settings(r: ResolvedConfig) -> dict[str, Any]:
         })
     else:
         # KIP-848: session and heartbeat are group settings on the broker (see topic.py)
-        settings["group.protocol"] = "consumer"
+        required["group.protocol"] = "consumer"
         if r.assignor is not None:
-            settings["group.remote.assignor"] = r.assignor
-    return settings
+            required["group.remote.assignor"] = r.assignor
+    return _settings(r, required=required)
 
 
-def producer_settings(r: ResolvedConfig) -> dict[str, Any]:
+def producer_settings(r: ResolvedConfig) -> KafkaSettings:
     """The heartbeat producer's librdkafka settings for a resolved config."""
-    settings = _common(r)
-    settings.update({
+    return _settings(r, required={
         "acks": "all",
         "linger.ms": 0,
         "enable.idempotence": False,
         # a heartbeat older than the lease proves nothing: give up on it then
         "message.timeout.ms": _ms(r.heartbeat_timeout),
-        "request.timeout.ms": _ms(max(r.heartbeat_timeout, 0.1)),
-    })
-    return settings
+    }, call={"request.timeout.ms": _ms(max(r.heartbeat_timeout, 0.1))})
 
 
-def watcher_settings(r: ResolvedConfig) -> dict[str, Any]:
+def watcher_settings(r: ResolvedConfig) -> KafkaSettings:
     """The hint watcher's librdkafka settings: a group-less consumer that long-polls."""
-    settings = _common(r)
-    settings.update({
-        "client.id": f"neli-{r.name}-watch",
+    return _settings(r, required={
         # librdkafka wants a group id even for assign(); this one never joins or commits
         "group.id": f"{r.group_id}.watch",
         "enable.auto.commit": False,
@@ -178,8 +184,7 @@ def watcher_settings(r: ResolvedConfig) -> dict[str, Any]:
         # the broker holds the fetch until a record arrives: the wait costs nothing in
         # latency, a long one saves wake-ups of an idle follower
         "fetch.wait.max.ms": 1000,
-    })
-    return settings
+    }, call={"client.id": f"neli-{r.name}-watch"})
 
 
 # librdkafka drops its bootstrap connection once the first metadata response names the
@@ -195,9 +200,39 @@ def watcher_settings(r: ResolvedConfig) -> dict[str, Any]:
 RECONNECT_BACKOFF_MS = 10
 
 
-def admin_settings(r: ResolvedConfig) -> dict[str, Any]:
+def admin_settings(r: ResolvedConfig) -> KafkaSettings:
     """The admin client's librdkafka settings for a resolved config (start-up checks only)."""
-    return _common(r)
+    return _settings(r, required={})
+
+
+# -- the only constructors of confluent-kafka clients ------------------------------------------
+
+def _checked(settings: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(settings, KafkaSettings):
+        raise TypeError("a Kafka client takes settings from core.client_settings."
+                        "client_settings (one builder, one precedence), not a hand-made dict")
+    return dict(settings)
+
+
+def new_admin(settings: KafkaSettings) -> Any:
+    """A confluent-kafka ``AdminClient`` (settings from :func:`client_settings` only)."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(_checked(settings))
+
+
+def new_consumer(settings: KafkaSettings) -> Any:
+    """A confluent-kafka ``Consumer`` (settings from :func:`client_settings` only)."""
+    from confluent_kafka import Consumer
+
+    return Consumer(_checked(settings))
+
+
+def new_producer(settings: KafkaSettings) -> Any:
+    """A confluent-kafka ``Producer`` (settings from :func:`client_settings` only)."""
+    from confluent_kafka import Producer
+
+    return Producer(_checked(settings))
 
 
 # -- confluent-kafka implementation --------------------------------------------------------------
@@ -242,14 +277,12 @@ def _poll(consumer: Any, timeout: float, *, fatal_code: bool, timestamps: bool) 
 
 class _ConfluentConsumer:
     def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
-        from confluent_kafka import Consumer
-
         self._topic = topic
         self._listener: RebalanceListener | None = None
         self._classic = settings.get("group.protocol", "classic") == "classic"
-        conf = dict(settings)
+        conf = KafkaSettings(_checked(settings))
         conf["on_commit"] = self._on_commit
-        self._consumer = Consumer(conf)
+        self._consumer = new_consumer(conf)
 
     def subscribe(self, listener: RebalanceListener) -> None:
         self._listener = listener
@@ -323,10 +356,8 @@ class _ConfluentConsumer:
 
 class _ConfluentWatcher:
     def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
-        from confluent_kafka import Consumer
-
         self._topic = topic
-        self._consumer = Consumer(dict(settings))
+        self._consumer = new_consumer(KafkaSettings(_checked(settings)))
 
     def watch(self, partitions: Sequence[int]) -> None:
         from confluent_kafka import OFFSET_END as END
@@ -343,10 +374,8 @@ class _ConfluentWatcher:
 
 class _ConfluentProducer:
     def __init__(self, settings: Mapping[str, Any], topic: str) -> None:
-        from confluent_kafka import Producer
-
         self._topic = topic
-        self._producer = Producer(dict(settings))
+        self._producer = new_producer(KafkaSettings(_checked(settings)))
 
     def send(self, partition: int, key: bytes, value: bytes,
              on_delivery: DeliveryCallback | None = None) -> None:
@@ -390,17 +419,15 @@ class _ConfluentProducer:
 
 class _ConfluentAdmin:
     def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
-        from confluent_kafka.admin import AdminClient
-
         self._servers = settings.get("bootstrap.servers")
         self._brokers: list[int] = []   # broker ids from the last metadata response
         self._login = LoginRefusal()
         if client is not None:
             self._admin = client        # the caller's AdminClient (its own error_cb, if any)
             return
-        conf = dict(settings)
+        conf = KafkaSettings(_checked(settings))
         conf.setdefault("error_cb", self._login)
-        self._admin = AdminClient(conf)
+        self._admin = new_admin(conf)
 
     def _unavailable(self, what: str, exc: BaseException, fix: str = "") -> NeliError:
         code = ""
@@ -634,4 +661,11 @@ class ConfluentKafka:
 
     def __repr__(self) -> str:
         return "ConfluentKafka()"
+
+
+def as_seam_admin(admin: Any) -> Any:
+    """``admin`` itself, or the seam's admin over it if it is a confluent-kafka AdminClient."""
+    from confluent_kafka.admin import AdminClient
+
+    return ConfluentKafka().wrap_admin(admin) if isinstance(admin, AdminClient) else admin
 

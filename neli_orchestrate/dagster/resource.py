@@ -31,9 +31,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, PrivateAttr, model_validator
 
-from neli_orchestrate import settings
+from neli_orchestrate import Outcome, settings
 from neli_orchestrate.dagster.run import NeliRun, default_role, default_run_key
-from neli_orchestrate.decision import Outcome
 from neli_orchestrate.errors import FencedError, StaleTokenError
 from neli_orchestrate.ledger.record import LedgerRecord
 from neli_orchestrate.metrics import MetricEvent

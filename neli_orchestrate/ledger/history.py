@@ -24,9 +24,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from neli_orchestrate.core.confluent import new_admin, new_consumer
 from neli_orchestrate.errors import KafkaUnavailableError
 from neli_orchestrate.ledger.cache import end_is_known
-from neli_orchestrate.ledger.kafka import KafkaLedgerConfig
+from neli_orchestrate.ledger.kafka import READER_REQUIRED, KafkaLedgerConfig, ledger_settings
 from neli_orchestrate.ledger.record import (
     LedgerRecord,
     MalformedRecordError,
@@ -151,12 +152,7 @@ def read_history(config: KafkaLedgerConfig, *, roles: Iterable[str] | None = Non
     ck = _kafka()
     wanted = sorted(set(roles)) if roles is not None else None
     deadline = time.monotonic() + (timeout if timeout is not None else config.replay_timeout)
-    conf: dict[str, Any] = {
-        **config.kafka_config,
-        "bootstrap.servers": config.bootstrap_servers,
-        "logger": logging.getLogger("neli_orchestrate.ledger.librdkafka"),
-    }
-    admin = ck.admin.AdminClient(conf)
+    admin = new_admin(ledger_settings(config))
     try:
         metadata = admin.list_topics(topic=config.topic, timeout=config.request_timeout)
     except ck.KafkaException as exc:
@@ -185,15 +181,10 @@ def read_history(config: KafkaLedgerConfig, *, roles: Iterable[str] | None = Non
     entries: list[HistoryEntry] = []
     todo = {p: end for p, end in ends.items() if end > 0}
     if todo:
-        consumer = ck.Consumer({
-            **conf,
+        consumer = new_consumer(ledger_settings(config, required={
             "group.id": f"neli-ledger-history-{uuid.uuid4().hex}",  # never joins or commits
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        })
+            **READER_REQUIRED,
+        }, call={"auto.offset.reset": "earliest"}))
         try:
             consumer.assign([ck.TopicPartition(config.topic, p, 0) for p in todo])
             while todo:

@@ -15,7 +15,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS
+from neli_orchestrate.core.client_settings import KafkaSettings, client_settings
+from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.confluent import (
+    RECONNECT_BACKOFF_MS,
+    new_admin,
+    new_consumer,
+    new_producer,
+)
 from neli_orchestrate.core.confluent import is_authorization_error as _denied
 from neli_orchestrate.errors import (
     AuthorizationError,
@@ -104,7 +111,7 @@ class KafkaLedgerConfig:
     #: ``transaction.timeout.ms`` of the writers, in seconds.
     transaction_timeout: float = 10.0
     #: Seconds for init_transactions, commit and admin requests.
-    request_timeout: float = 10.0
+    request_timeout: float = NeliConfig.request_timeout
     #: Continue each replay from where the last one of the role stopped (in this process, or
     #: in a file on this host), when that is provably safe (docs/guide/ledger.md, "Replay cache");
     #: False replays every role from offset 0 every time.
@@ -155,6 +162,27 @@ class KafkaLedgerConfig:
     def transactional_id(self, role: str) -> str:
         """``transactional.id`` of ``role``'s writers, identical in every deployment."""
         return self.prefix + role
+
+
+#: What a reader of the ledger needs: only committed records, and the end seen as an event.
+READER_REQUIRED: Mapping[str, Any] = {
+    "isolation.level": "read_committed",
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": True,
+}
+
+
+def ledger_settings(config: KafkaLedgerConfig, *, required: Mapping[str, Any] | None = None,
+                           call: Mapping[str, Any] | None = None) -> KafkaSettings:
+    """The settings of one of the ledger's clients (core's one builder): its logs go to
+    ``neli_orchestrate.ledger.kafka.librdkafka``; the claim waits for the writer's and the replay
+    consumer's first requests, hence the member clients' short first reconnect."""
+    return client_settings(
+        config.bootstrap_servers, logger=logging.getLogger(__name__ + ".librdkafka"),
+        required=required, call=call, user=config.kafka_config,
+        defaults={"reconnect.backoff.ms": RECONNECT_BACKOFF_MS},
+        why={key: "the ledger manages it" for key in _PROTECTED})
 
 
 def _kafka() -> Any:
@@ -239,14 +267,9 @@ class KafkaLedger:
 
     # -- set-up ---------------------------------------------------------------------------
 
-    def _client_config(self) -> dict[str, Any]:
-        conf: dict[str, Any] = dict(self.config.kafka_config)
-        conf["bootstrap.servers"] = self.config.bootstrap_servers
-        conf.setdefault("logger", logging.getLogger(__name__ + ".librdkafka"))
-        # the claim waits for this producer's and the replay consumer's first requests: the
-        # same short first reconnect as the member's clients (core.confluent.RECONNECT_BACKOFF_MS)
-        conf.setdefault("reconnect.backoff.ms", RECONNECT_BACKOFF_MS)
-        return conf
+    def _client_config(self, required: Mapping[str, Any] | None = None,
+                       call: Mapping[str, Any] | None = None) -> KafkaSettings:
+        return ledger_settings(self.config, required=required, call=call)
 
     def _ensure_ready(self) -> int:
         """Create/check the topic once; returns its partition count."""
@@ -256,7 +279,7 @@ class KafkaLedger:
             return self._partitions
         admin = self._admin
         if admin is None:
-            admin = self._admin = _kafka().admin.AdminClient(self._client_config())
+            admin = self._admin = new_admin(self._client_config())
         partitions = self._topic_partitions(admin)
         self._check_cluster(admin)
         if partitions is None:
@@ -464,17 +487,12 @@ class KafkaLedger:
         return KafkaLedgerWriter(self, role, partition, producer)
 
     def _producer(self, role: str) -> Any:
-        conf = self._client_config()
-        conf.update(
-            {
-                "transactional.id": self.config.transactional_id(role),
-                "transaction.timeout.ms": int(self.config.transaction_timeout * 1000),
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 0,
-            }
-        )
-        return _kafka().Producer(conf)
+        return new_producer(self._client_config(required={
+            "transactional.id": self.config.transactional_id(role),
+            "transaction.timeout.ms": int(self.config.transaction_timeout * 1000),
+            "enable.idempotence": True,
+            "acks": "all",
+        }, call={"linger.ms": 0}))
 
     def prepare(self, role: str) -> None:
         """Get ready to :meth:`begin` ``role`` quickly; call it before leading (fences nobody).
@@ -604,7 +622,9 @@ class KafkaLedger:
     def _open_transaction(self, partition: int) -> str:
         """Name the open transaction holding ``partition``'s last stable offset back."""
         def consumer(settings: dict[str, Any]) -> Any:
-            return _kafka().Consumer({**self._client_config(), **settings})
+            return new_consumer(self._client_config(
+                required={k: v for k, v in settings.items() if k in _PROTECTED},
+                call={k: v for k, v in settings.items() if k not in _PROTECTED}))
 
         try:
             found = find_open_transaction(self._admin, consumer, self.config.topic, partition,
@@ -782,21 +802,15 @@ class KafkaLedger:
 
     def _replay_consumer(self) -> Any:
         if self._consumer is None:
-            conf = self._client_config()
-            conf.update(
-                {
-                    "group.id": f"neli-ledger-replay-{uuid.uuid4().hex}",  # never joins a group
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "enable.partition.eof": True,
-                    "auto.offset.reset": "earliest",
-                    "fetch.wait.max.ms": 10,
-                    "fetch.max.bytes": 64 * 1024 * 1024,
-                    "max.partition.fetch.bytes": 16 * 1024 * 1024,
-                }
-            )
-            self._consumer = _kafka().Consumer(conf)
+            self._consumer = new_consumer(self._client_config(required={
+                "group.id": f"neli-ledger-replay-{uuid.uuid4().hex}",  # never joins a group
+                **READER_REQUIRED,
+            }, call={
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 10,
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            }))
         return self._consumer
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.decision import DecisionPolicy, FailedRetry
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger.kafka import KafkaLedgerConfig
+from neli_orchestrate.liveness import DEFAULT_LIVENESS_TIMEOUT
 
 __all__ = ["SingletonConfig", "ledger_client_settings"]
 
@@ -85,7 +86,7 @@ class SingletonConfig:
     #: Seconds of silence after which this deployment counts as gone, when it announces its
     #: liveness (the Airflow scheduler listener, the Dagster sidecar); the liveness group's
     #: session timeout. Longer than a routine restart of the announcing component.
-    liveness_timeout: float = 10.0
+    liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
     policy: DecisionPolicy = field(init=False, repr=False)
     names: Namespace = field(init=False, repr=False)
 

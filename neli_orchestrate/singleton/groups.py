@@ -10,10 +10,9 @@ rebalances anyone.
 
 from __future__ import annotations
 
-import logging
 import threading
-from typing import Any
 
+from neli_orchestrate.core.client_settings import KafkaSettings, client_settings
 from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS, ConfluentKafka
 from neli_orchestrate.core.kafka import LeaderTopicAdmin
 from neli_orchestrate.liveness import DeploymentLiveness, LivenessReader
@@ -52,9 +51,9 @@ class GroupReads:
                 self._admin = ConfluentKafka().admin(self._settings())
             return self._admin
 
-    def _settings(self) -> dict[str, Any]:
+    def _settings(self) -> KafkaSettings:
         neli = self._config.neli.resolved
-        return {"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
-                **ledger_client_settings(neli.kafka_config),
-                "bootstrap.servers": neli.bootstrap_servers,
-                "logger": logging.getLogger("neli_orchestrate.singleton.librdkafka")}
+        return client_settings(neli.bootstrap_servers,
+                               logger="neli_orchestrate.singleton.librdkafka",
+                               user=ledger_client_settings(neli.kafka_config),
+                               defaults={"reconnect.backoff.ms": RECONNECT_BACKOFF_MS})

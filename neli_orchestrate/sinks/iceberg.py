@@ -19,9 +19,15 @@ replaces) in two places:
   ``neli.deployment``; Spark's ``snapshot-property.*`` write option);
 - a *table property* ``neli.token:<key>`` (the high-water mark). Table properties live in the
   table metadata and survive ``expire_snapshots``, ``rewrite_data_files`` and every other
-  snapshot change. pyiceberg sets it in the same transaction as the data; Spark's writer cannot
-  add a property to its own commit, so the Spark sink raises it right after the data commit
-  with a compare-and-swap of the table metadata that never lowers it.
+  snapshot change.
+
+Both are written in the *same* metadata commit as the data, so no moment exists at which the
+data is visible and the mark is not. pyiceberg does it with one transaction. Spark's writer
+cannot add a table property to its own commit, so the Spark sink writes the data to a staging
+branch ``neli_stage_<token>_<id>`` (invisible to readers of ``main``) and then publishes it in
+one compare-and-swap of the table metadata through the JVM API: ``main`` set to the staged
+snapshot, the property set, the branch dropped. It is refused if ``main`` moved since the token
+was read, so that single compare-and-swap is the conditional commit.
 
 The refusal is a *conditional commit* built from Iceberg's optimistic concurrency:
 
@@ -29,12 +35,19 @@ The refusal is a *conditional commit* built from Iceberg's optimistic concurrenc
    for the key (property, kept snapshot summaries, and the previous release's summaries for
    the run key's own partition). A higher token raises
    :class:`~neli_orchestrate.errors.StaleTokenError`; an equal one is an idempotent no-op.
-2. Overwrite the partition (``<column> = <value>``) validated from ``S``: Spark with
-   ``isolation-level=serializable`` and ``validate-from-snapshot-id=S``, pyiceberg through the
-   table it loaded. A commit after ``S`` that added or deleted data of the partition fails ours
-   (``ValidationException``), so the token read in step 1 is still the highest when our pointer
-   swap lands; the swap itself is the catalog's compare-and-swap.
+2. Overwrite the partition (``<column> = <value>``). pyiceberg validates from ``S`` through the
+   table it loaded: a commit after ``S`` that added or deleted data of the partition fails ours
+   (``ValidationException``). Spark stages the overwrite on a branch created at ``S`` and
+   publishes it by moving ``main`` from ``S`` to it, which fails if *any* commit landed on
+   ``main`` after ``S`` (stricter: an unrelated commit also makes the write go round again).
+   Either way the token read in step 1 is still the highest when our pointer swap lands; the
+   swap itself is the catalog's compare-and-swap.
 3. On a validation failure, go back to 1 (which raises if the winner's token is higher).
+
+Only snapshots that are ancestors of ``main`` count as committed: a staged snapshot a writer
+never published (it lost the race or died) carries its token in its summary but is not a
+commit. A writer that dies between staging and publishing leaves its ``neli_stage_*`` branch
+behind; it is harmless (never read) and ``ALTER TABLE ... DROP BRANCH`` removes it.
 
 .. note:: Limits, stated honestly:
 
@@ -54,6 +67,7 @@ The Spark checks read Iceberg's JVM ``Table`` through py4j: classic PySpark sess
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +87,8 @@ RUN_KEY_PROPERTY = "neli.run-key"
 DEPLOYMENT_PROPERTY = "neli.deployment"
 #: Table property ``neli.token:<sink key>``: the highest token committed for the key.
 HIGH_WATER_PREFIX = "neli.token:"
+#: Prefix of the branch a Spark write is staged on before it is published to ``main``.
+STAGE_BRANCH_PREFIX = "neli_stage_"
 
 _CONFLICT_MARKERS = (
     "org.apache.iceberg.exceptions.ValidationException",
@@ -154,7 +170,8 @@ def _stale(table: str, token: int, key: str, highest: tuple[int, int | None]) ->
 
 
 def _before_commit(stage: str, table: str) -> None:
-    """Called right before each commit attempt; tests hold a writer here to run another first."""
+    """Called right before each commit attempt (``write``; Spark also ``publish``) and right
+    after a commit (``published``); tests hold a writer here to run another in between."""
 
 
 # -- Iceberg via Spark ------------------------------------------------------------------------
@@ -191,12 +208,18 @@ def _load_table(spark: Any, table: str) -> Any:
 
 def _jtokens(jtable: Any, key: str, role: str, run_key: str, legacy: bool
              ) -> list[tuple[int, int]]:
-    """(token, snapshot id) of every snapshot in ``jtable``'s metadata for the key."""
+    """(token, snapshot id) of the kept snapshots of ``main`` (the current snapshot and its
+    ancestors, oldest first) whose summary carries a token for the key. Snapshots only staged
+    on a branch, never published, are not commits and are not read."""
     found = []
-    for snapshot in jtable.snapshots():
+    snapshot = jtable.currentSnapshot()
+    while snapshot is not None:
         token = _summary_token(snapshot.summary(), key, role, run_key, legacy)
         if token is not None:
             found.append((token, int(snapshot.snapshotId())))
+        parent = snapshot.parentId()
+        snapshot = jtable.snapshot(parent) if parent is not None else None
+    found.reverse()
     return found
 
 
@@ -209,35 +232,12 @@ def _jhighest(jtable: Any, key: str, role: str, run_key: str, legacy: bool
 def committed_tokens(spark: Any, table: str, run_key: str, *, role: str | None = None,
                      partition_column: str = "date", partition_value: Any = None
                      ) -> list[tuple[int, int]]:
-    """Return ``(token, snapshot id)`` of the table's kept snapshots for the write's key."""
+    """Return ``(token, snapshot id)`` of the kept snapshots of ``main`` (oldest first) that
+    carry a token for the write's key; staged, never published snapshots are not included."""
     role, run_key = require_role(role), require_run_key(run_key)
     value = run_key if partition_value is None else partition_value
     key = sink_key(role, run_key, partition_column, value)
     return _jtokens(_load_table(spark, table), key, role, run_key, str(value) == run_key)
-
-
-def _raise_high_water(spark: Any, table: str, key: str, token: int) -> None:
-    """Raise the key's table property to ``token`` with a compare-and-swap of the table
-    metadata (``TableOperations.commit(base, new)``, no blind retry), never lowering it."""
-    name = high_water_property(key)
-    for _ in range(DEFAULT_CONFLICT_RETRIES * 10):
-        ops = _load_table(spark, table).operations()
-        base = ops.refresh()
-        current = base.properties().get(name)
-        if current is not None and int(current) >= token:
-            return
-        properties = spark._jvm.java.util.HashMap(base.properties())
-        properties.put(name, str(token))
-        try:
-            ops.commit(base, base.replaceProperties(properties))
-            return
-        except Exception as exc:  # py4j's Py4JJavaError; its text names the Java exception
-            if "CommitFailedException" not in str(exc):
-                raise
-    raise IcebergCommitError(
-        f"Iceberg table {table}: could not record token {token} in table property {name!r}; "
-        "the table metadata kept changing"
-    )
 
 
 def _is_conflict(exc: BaseException) -> bool:
@@ -313,37 +313,94 @@ def _write_spark(df: Any, spark: Any, table: str, key: str, role: str, run_key: 
         if highest is not None and highest[0] == token:
             logger.info("Iceberg %s: token %d already committed for %s", table, token, key)
             return IcebergCommit(table, run_key, token, committed=False, snapshot_id=highest[1])
-        writer = df.writeTo(table).option("isolation-level", "serializable")
-        for name, prop in _snapshot_properties(token, key, role, run_key, deployment).items():
-            writer = writer.option(f"snapshot-property.{name}", prop)
-        if current is not None:
-            writer = writer.option("validate-from-snapshot-id", str(current.snapshotId()))
-        for name, option in (options or {}).items():
-            writer = writer.option(name, option)
+        stage = f"{STAGE_BRANCH_PREFIX}{token}_{uuid.uuid4().hex[:12]}"
+        base = _create_stage(jtable, current, stage)
         try:
+            writer = df.writeTo(f"{table}.branch_{stage}").option("isolation-level",
+                                                                  "serializable")
+            for name, prop in _snapshot_properties(token, key, role, run_key,
+                                                   deployment).items():
+                writer = writer.option(f"snapshot-property.{name}", prop)
+            # The branch is private; validating from its start point keeps Iceberg from
+            # checking the overwrite against the whole history (which would always conflict).
+            writer = writer.option("validate-from-snapshot-id", str(base))
+            for name, option in (options or {}).items():
+                writer = writer.option(name, option)
             _before_commit("write", table)
             writer.overwrite(condition)
+            _before_commit("publish", table)
+            snapshot_id = _publish(spark, table, stage, base, key, token)
         except Exception as exc:
-            if not _is_conflict(exc):
+            _drop_stage(spark, table, stage)
+            if not (isinstance(exc, _MainMoved) or _is_conflict(exc)):
                 raise
             logger.info("Iceberg %s: commit of token %d lost a race (try %d): %s",
                         table, token, attempt + 1, str(exc).splitlines()[0][:300])
             continue
-        _raise_high_water(spark, table, key, token)
-        mine = [snap for tok, snap in _jtokens(_load_table(spark, table), key, role, run_key,
-                                               legacy) if tok == token]
-        if not mine:
-            raise IcebergCommitError(
-                f"Iceberg table {table}: no snapshot carries token {token} for {key} after the "
-                "write"
-            )
+        _before_commit("published", table)
         logger.info("Iceberg %s: committed token %d for %s in snapshot %d",
-                    table, token, key, mine[-1])
-        return IcebergCommit(table, run_key, token, committed=True, snapshot_id=mine[-1])
+                    table, token, key, snapshot_id)
+        return IcebergCommit(table, run_key, token, committed=True, snapshot_id=snapshot_id)
     raise IcebergCommitError(
         f"Iceberg table {table}: token {token} for {key} lost {conflict_retries + 1} commit "
-        "races in a row; another writer keeps committing to the partition"
+        "races in a row; another writer keeps committing to the table"
     )
+
+
+def _create_stage(jtable: Any, current: Any, stage: str) -> int:
+    """Create the staging branch at ``main``'s current snapshot and return that snapshot's id
+    (a table without one gets an empty snapshot on ``main`` first, so there is always a
+    snapshot to move ``main`` from)."""
+    if current is None:
+        jtable.newFastAppend().commit()
+        current = jtable.currentSnapshot()
+    snapshot_id = int(current.snapshotId())
+    jtable.manageSnapshots().createBranch(stage, snapshot_id).commit()
+    return snapshot_id
+
+
+class _MainMoved(Exception):
+    """``main`` moved after the token was read: the staged write must go round again."""
+
+
+def _publish(spark: Any, table: str, stage: str, start: int, key: str, token: int) -> int:
+    """Publish the staged snapshot in ONE compare-and-swap of the table metadata: ``main`` set
+    to it, the key's high-water property set, the branch dropped (``TableOperations.commit(base,
+    new)``). No automatic retry on newer metadata: a lost swap goes back to reading the token.
+
+    Refused (:class:`_MainMoved`) if ``main`` is no longer at ``start``, the snapshot the token
+    was read at; a commit that lands between this check and the swap makes the swap fail
+    (``CommitFailedException``)."""
+    ops = _load_table(spark, table).operations()
+    base = ops.refresh()
+    staged = base.ref(stage)
+    if staged is None:
+        raise IcebergCommitError(f"Iceberg table {table}: staging branch {stage!r} vanished "
+                                 "before it was published")
+    main = base.ref("main")
+    if main is None or int(main.snapshotId()) != start:
+        raise _MainMoved(f"main moved from snapshot {start} while token {token} was staged")
+    jvm = spark._jvm
+    mark = jvm.java.util.HashMap()
+    mark.put(high_water_property(key), str(token))
+    new = (jvm.org.apache.iceberg.TableMetadata.buildFrom(base)
+           .setBranchSnapshot(staged.snapshotId(), "main")
+           .removeRef(stage)
+           .setProperties(mark)
+           .build())
+    ops.commit(base, new)
+    return int(staged.snapshotId())
+
+
+def _drop_stage(spark: Any, table: str, stage: str) -> None:
+    """Remove a staging branch that was not published (best effort: it is never read)."""
+    try:
+        jtable = _load_table(spark, table)
+        if jtable.refs().get(stage) is not None:
+            jtable.manageSnapshots().removeBranch(stage).commit()
+    except Exception:  # noqa: BLE001 - the original failure matters more; the branch is inert
+        logger.warning("Iceberg %s: could not remove staging branch %s; drop it with ALTER "
+                       "TABLE ... DROP BRANCH", table, stage, exc_info=True)
 
 
 # -- Iceberg via pyiceberg --------------------------------------------------------------------

@@ -8,7 +8,7 @@ Submit side (e.g. ``SparkSubmitOperator(conf=...)``)::
 
 Job side::
 
-    run = read_neli_conf(spark)           # NeliSparkConf(token=42, run_key="2013-01-05", ...)
+    run = read_neli_conf(spark)           # Claim(token=42, run_key="2013-01-05", ...)
 
 In-process Spark (Dagster, notebooks)::
 
@@ -40,12 +40,6 @@ from neli_orchestrate.claim import (  # noqa: F401 - the Spark conf names, re-ex
 from neli_orchestrate.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-#: The claim a Spark job acts for (token, run key, role, deployment, attempt): the one claim
-#: type, whose Spark conf form (``spark.neli.*``) is written and read in
-#: :mod:`neli_orchestrate.claim`.
-NeliSparkConf = Claim
-
 
 def neli_spark_conf(
     token: int,

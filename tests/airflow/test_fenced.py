@@ -877,6 +877,84 @@ def test_a_second_sigterm_during_the_stop_cannot_cut_it_short(fake, tmp_path) ->
     assert not _alive_pid(int(Path(pid_file).read_text()))
 
 
+class CleaningSpawner(BaseOperator):
+    """Work whose process starts a setsid worker and cleans up on its way out; a second
+    SIGTERM arrives during that cleanup, after the first SIGTERM's exception and before the
+    try stops the work (deterministically: the cleanup sends it)."""
+
+    def __init__(self, *, pid_file: str, marker: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pid_file = pid_file
+        self.marker = marker
+
+    def execute(self, context: Any) -> None:
+        import os
+        import subprocess
+        from pathlib import Path
+
+        subprocess.run(["setsid", "-f", "sh", "-c", f"echo $$ > {self.pid_file}; exec sleep 60"],
+                       check=True)
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+            raise AssertionError("SIGTERM never interrupted the work")
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # the impatient second SIGTERM
+            for _ in range(20):  # the handler runs between these bytecodes
+                time.sleep(0.001)
+            Path(self.marker).write_text("cleaned up")
+
+
+def test_a_second_sigterm_before_the_try_stops_the_work_cannot_cut_it_short(fake,
+                                                                             tmp_path) -> None:
+    """The once-only SIGTERM of the fenced try: the second SIGTERM comes while the work is
+    still unwinding from the first (its own cleanup), before the try marks it stopped; it
+    reaches Airflow's handler but raises nothing, so the cleanup finishes, then the try stops
+    the setsid worker, then records FAILED."""
+    import os
+    from pathlib import Path
+
+    pid_file, marker = tmp_path / "worker.pid", tmp_path / "cleaned"
+    seen_at_record: list[bool] = []
+    execute = fake.execute
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return execute(*args, **kwargs)
+        except BaseException:
+            seen_at_record.append(_alive_pid(int(pid_file.read_text())))
+            raise
+
+    fake.execute = recording  # type: ignore[method-assign]
+    airflow_calls: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: airflow_calls.append(signum))
+    try:
+        with DAG("fenced_dag", schedule=None, start_date=LOGICAL):
+            task = fenced(CleaningSpawner)(task_id="job", pid_file=str(pid_file),
+                                           marker=str(marker))
+            LeaderGateOperator(task_id="claim_run", role=ROLE) >> task
+
+        def terminate() -> None:
+            deadline = time.monotonic() + 20
+            while not (pid_file.exists() and pid_file.read_text().strip()):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        thread = threading.Thread(target=terminate)
+        thread.start()
+        with pytest.raises(AirflowException, match="SIGTERM"):
+            task.execute(context_for(task, claim()))
+        thread.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert airflow_calls == [signal.SIGTERM, signal.SIGTERM]  # both reached Airflow's handler
+    assert marker.exists(), "the second SIGTERM cut the work's own cleanup short"
+    assert seen_at_record == [False], "the setsid worker outlived the stop"
+    assert not _alive_pid(int(Path(pid_file).read_text()))
+
+
 def _alive_pid(pid: int) -> bool:
     from pathlib import Path
 

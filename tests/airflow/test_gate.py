@@ -33,8 +33,9 @@ from airflow.sdk.exceptions import (
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from neli_orchestrate.airflow.assets import EXTRA_KEY, proxy_alias_name
+from neli_orchestrate.airflow.claims import DONE_ELSEWHERE_XCOM_KEY
 from neli_orchestrate.airflow.hooks.neli import NeliHook
-from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY, LeaderGateOperator
+from neli_orchestrate.airflow.operators.gate import LeaderGateOperator
 from neli_orchestrate.airflow.triggers.leader import NeliLeadershipTrigger
 from neli_orchestrate.ledger.record import RunState
 
@@ -377,6 +378,7 @@ import sys, time
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from neli_orchestrate.airflow.assets import EXTRA_KEY, proxy_alias_name
+from neli_orchestrate.airflow.claims import DONE_ELSEWHERE_XCOM_KEY
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 conn_id, role, run_key = sys.argv[1:4]
 singleton = NeliHook(conn_id).get_singleton()

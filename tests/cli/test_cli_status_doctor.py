@@ -7,6 +7,8 @@ import threading
 import pytest
 from cli_helpers import cli, new_namespace, singleton
 
+from neli_orchestrate.core.config import PROFILES
+
 pytestmark = pytest.mark.kafka
 
 
@@ -39,7 +41,8 @@ def test_status_names_the_member_and_deployment_that_lead_from_its_heartbeats(
         # a group setting the member wrote at the broker, and status reads it back
         assert hourly["protocol"] in ("classic", "consumer")
         if hourly["protocol"] == "consumer":
-            assert hourly["session_timeout_ms"] == 10000
+            # the default profile's session, as the member wrote it at the broker
+            assert hourly["session_timeout_ms"] == PROFILES["default"].session_timeout * 1000
             assert hourly["session_source"] == "group config"
         assert len(hourly["members"]) == 1
         assert hourly["leader_member"] == seen["member"]

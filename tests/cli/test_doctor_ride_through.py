@@ -27,12 +27,21 @@ def test_classic_with_a_longer_session_rides_through_a_dead_broker_on_kafka_defa
     assert fix == ""
 
 
-def test_the_default_profile_cannot_ride_through_and_says_by_how_much() -> None:
+def test_a_10_s_session_cannot_ride_through_and_says_by_how_much() -> None:
     # R = 10 - 0.5 - (10 - 3.33) / 2 = 6.17 s: the work's stop budget takes the rest
-    level, message, fix = check("classic")
+    level, message, fix = check("classic", session_timeout=10.0)
     assert level == WARNING
     assert "6.17 <= 13.5" in message and "broker.session.timeout.ms 9 s" in message
     assert "stop budget" in message and "21.0 s" in fix
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_the_default_profile_rides_through_a_dead_broker_on_kafka_defaults(protocol: str) -> None:
+    # Kafka's own 45 s session: classic R = 45 - 0.5 - (45 - 15) / 2 = 29.5 s; KIP-848 also
+    # loses the group heartbeat and the coordinator's write timeout: 23.5 s
+    level, message, fix = check(protocol)
+    assert level == OK, message
+    assert fix == ""
 
 
 @pytest.mark.parametrize(("session", "expected"), [(18.0, WARNING), (45.0, OK)])

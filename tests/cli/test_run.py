@@ -78,6 +78,10 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+#: How a region starts the CLI (a test may swap in a deliberately broken runner).
+RUNNER = ["-m", "neli_orchestrate.cli"]
+
+
 class Region:
     """One ``neli-orchestrate run`` process (a region's cron line)."""
 
@@ -85,7 +89,7 @@ class Region:
                  run_key: str, command: list[str], *extra: str) -> None:
         env = {**os.environ, "NELI_DEPLOYMENT": deployment, "NELI_NAMESPACE": namespace,
                "NELI_BOOTSTRAP_SERVERS": kafka_broker}
-        args = [sys.executable, "-m", "neli_orchestrate.cli", "-v", "run", "--role", role,
+        args = [sys.executable, *RUNNER, "-v", "run", "--role", role,
                 *(["--run-key", run_key] if run_key else []), *TIMING, "--json", *extra,
                 "--", *command]
         self.deployment = deployment

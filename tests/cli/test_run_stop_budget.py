@@ -19,7 +19,7 @@ def single(**timing: float) -> SimpleNamespace:
 
 
 def test_without_a_ride_through_the_guard_margin_bounds_the_stop() -> None:
-    member = single()  # the default profile: auto, 10 s session, no ride-through
+    member = single(session_timeout=10.0)  # auto, a 10 s session: no ride-through
     r = member.config.neli.resolved
     assert r.ride_through == 0
     grace, _ = _guard_bounds(member, None)
@@ -30,8 +30,10 @@ def test_without_a_ride_through_the_guard_margin_bounds_the_stop() -> None:
         _guard_bounds(member, most + 0.1)
 
 
-def test_a_ridden_lease_leaves_only_the_stop_budget_for_the_stop() -> None:
-    member = single(session_timeout=24.0)  # rides through a broker's crash (protocol.md 8a)
+@pytest.mark.parametrize("session", [24.0, None])  # None: the default profile's 45 s
+def test_a_ridden_lease_leaves_only_the_stop_budget_for_the_stop(session: float | None) -> None:
+    # rides through a broker's crash (protocol.md 8a)
+    member = single(session_timeout=session) if session else single()
     r = member.config.neli.resolved
     assert r.ride_through > 0 and r.stop_budget < guard_margin(r)
     most = round(r.stop_budget - KILL_BUDGET, 3)

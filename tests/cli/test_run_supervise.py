@@ -18,8 +18,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import test_run
 from cli_helpers import new_namespace, singleton
 from test_run import Region, alive, wait_for
 
@@ -243,55 +245,69 @@ def test_a_setsid_worker_is_stopped_with_its_stint(lines, how: str, monkeypatch)
     assert west.proc.wait(timeout=30) == 128 + signal.SIGTERM
 
 
+#: The lease's fix removed (``NELI_TEST_BREAK_LEASE=1``, to show the test below fails): the
+#: runner renews its keeper's lease a heartbeat timeout past each ping, as before issue #29,
+#: instead of to the member's last proof of leadership.
+BROKEN_LEASE_RUNNER = """
+import sys, time
+from neli_orchestrate.singleton.run import Run
+def lease_deadline(self):
+    if self._lease is None or self._fenced is not None:
+        return None
+    return time.monotonic() + 10.6
+Run.lease_deadline = lease_deadline
+from neli_orchestrate.cli import main
+sys.exit(main())
+"""
+
+
 @pytest.fixture
-def own_broker() -> Iterator[object]:
-    """A broker of this test's own, to stop (SIGSTOP) without disturbing other tests."""
-    from neli_orchestrate.testing.local_kafka import LocalKafka, LocalKafkaError
+def split_world(tmp_path: Path) -> Iterator[Any]:
+    """A broker of this test's own whose clients connect through one proxy per deployment
+    (integration/chaos/hold.py): cutting ``east``'s proxy cuts east off Kafka, and only east."""
+    from integration.chaos.hold import HoldWorld
+    from neli_orchestrate.testing.local_kafka import LocalKafkaError
 
-    # frozen for longer than KRaft's default broker session (9 s) in the test below
-    kafka = LocalKafka(properties={"broker.session.timeout.ms": "60000",
-                                   "broker.heartbeat.interval.ms": "2000"})
     try:
-        kafka.start()
+        world = HoldWorld(tmp_path / "world").__enter__()
     except LocalKafkaError as exc:
-        kafka.stop()
         pytest.fail(f"Kafka broker could not start: {exc}", pytrace=False)
-    yield kafka
-    if kafka.pid is not None:
-        os.kill(kafka.pid, signal.SIGCONT)
-    kafka.stop(timeout=5)
+    yield world
+    world.__exit__()
 
 
-def test_a_runner_that_loses_kafka_and_then_freezes_is_stopped_by_its_lease(lines,
-                                                                            own_broker) -> None:
+def test_a_runner_cut_off_kafka_that_then_freezes_is_stopped_before_a_successor_leads(
+        lines, split_world, monkeypatch) -> None:
     """The keeper's lease is the member's last proof of leadership, not the runner's last
-    sign of life: a runner that keeps running after it lost Kafka, then freezes just before
-    its own fence, has its command stopped on the leadership deadline, before a successor."""
+    sign of life. East alone is cut off Kafka (its proxy drops everything) while west, whose
+    network never fails, contends all along and leads as early as the protocol allows; east
+    keeps running (and pinging its keeper) past its last heartbeat, then freezes just before
+    its own fence. Its command must be gone before west's starts: overlap 0.00 s."""
+    if os.environ.get("NELI_TEST_BREAK_LEASE") == "1":
+        monkeypatch.setattr(test_run, "RUNNER", ["-c", BROKEN_LEASE_RUNNER])
     # the longest heartbeat timeout a 12 s session allows with a 0.3 s grace
     timing = ("--session-timeout", "12", "--heartbeat-timeout", "10.6", "--grace", "0.3")
-    bootstrap = own_broker.bootstrap_servers  # type: ignore[attr-defined]
     sampler = Overlap(lines.log)
-    east = lines("us-east-1", "ignore", *timing, broker=bootstrap)
+    east = lines("us-east-1", "ignore", *timing, broker=split_world.bootstrap("east"))
     first = wait_for(lambda: starts(lines.log), 60, "east's command")[0]
-    time.sleep(1.0)
+    west = lines("eu-west-1", "ignore", *timing, broker=split_world.bootstrap("west"))
+    time.sleep(1.0)  # west's runner up and contending
     lost = time.monotonic()
-    # Kafka is gone for east (the one broker stops: only east is running now)
-    os.kill(own_broker.pid, signal.SIGSTOP)  # type: ignore[attr-defined]
-    time.sleep(10.1)  # east keeps running (and signs of life) past its last heartbeat...
+    split_world.proxies["east"].cut()
+    time.sleep(10.1)  # east keeps running (and pinging its keeper) past its last heartbeat...
     os.kill(east.proc.pid, signal.SIGSTOP)  # ...then freezes just before its own fence
-    os.kill(own_broker.pid, signal.SIGCONT)  # type: ignore[attr-defined]
-    # west, whose network never failed, contends from now on
-    west = lines("eu-west-1", "ignore", *timing, broker=bootstrap)
-    wait_for(lambda: not alive(first["pid"]), 20, "east's keeper to stop the command")
+    wait_for(lambda: not alive(first["pid"]), 30, "east's keeper to stop the command")
     stopped = time.monotonic() - lost
     second = wait_for(lambda: starts(lines.log)[1:], 90, "west to take over")[0]
     assert second["token"] != first["token"]
     time.sleep(0.5)
+    overlap = sampler.stop()
     print(f"lease test: command stopped {stopped:.2f} s and west started"
-          f" {second['t'] - lost:.2f} s after Kafka was lost")
-    assert sampler.stop() == 0.0, "east's command outlived its leadership into west's"
+          f" {second['t'] - lost:.2f} s after east was cut off; overlap {overlap:.2f} s")
+    assert overlap == 0.0, f"east's command outlived its leadership into west's: {overlap:.2f} s"
     assert stopped < 12.0, stopped  # the session: before anyone else could lead
     os.kill(east.proc.pid, signal.SIGCONT)
+    split_world.proxies["east"].heal()
     west.proc.terminate()
     west.proc.wait(timeout=30)
 

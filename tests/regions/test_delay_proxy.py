@@ -7,6 +7,8 @@ import struct
 import threading
 import time
 
+import pytest
+
 from integration.regions.delay_proxy import DelayProxy
 
 
@@ -75,4 +77,31 @@ def test_it_counts_kafka_requests_by_api_key_across_split_frames():
         assert proxy.requests == {18: 1, 3: 1, 0: 2, 22: 1}
         proxy.reset_counts()
         assert proxy.requests == {}
+    server.close()
+
+
+def test_a_cut_drops_everything_for_this_proxys_clients_and_heal_breaks_old_connections():
+    server, port = _echo_server()
+    with DelayProxy(("127.0.0.1", port)) as proxy, DelayProxy(("127.0.0.1", port)) as other:
+        before = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+        before.sendall(b"ping")
+        assert _read(before, 4) == b"ping"
+        proxy.cut()
+        during = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+        with socket.create_connection(("127.0.0.1", other.port), timeout=10) as bystander:
+            bystander.sendall(b"free")  # the other proxy's client is not cut
+            assert _read(bystander, 4) == b"free"
+        for sock in (before, during):
+            sock.settimeout(0.5)
+            sock.sendall(b"lost")
+            with pytest.raises(TimeoutError):  # a black hole: no answer, no close
+                sock.recv(4)
+        proxy.heal()
+        for sock in (before, during):  # streams that lost bytes are closed on heal
+            sock.settimeout(10)
+            assert sock.recv(4) == b""
+            sock.close()
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as after:
+            after.sendall(b"back")
+            assert _read(after, 4) == b"back"
     server.close()

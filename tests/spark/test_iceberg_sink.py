@@ -203,3 +203,79 @@ def test_the_dataframe_is_computed_once(spark, table, tmp_path):
     with open(calls) as handle:
         assert len(handle.readlines()) == 3  # the emptiness check and the write share one pass
     assert table_rows(spark, table) == sorted(rows("owner", 3))
+
+
+# -- data and token in one commit -------------------------------------------------------------
+
+
+def property_mark(spark, table, token_role=ROLE, date=DATE):
+    from neli_orchestrate.sinks.iceberg import _load_table, high_water_property
+    from neli_orchestrate.sinks.keys import sink_key
+
+    key = sink_key(token_role, date, "date", date)
+    return _load_table(spark, table).properties().get(high_water_property(key))
+
+
+def branches(spark, table):
+    return sorted(r[0] for r in spark.sql(f"SELECT name FROM {table}.refs").collect())
+
+
+def test_data_and_token_are_one_commit_race_held_before_and_after_publish(
+    spark, table, monkeypatch
+):
+    """The race held at the two edges of the publish: just before it (the data is staged on a
+    branch) and just after it. At each edge the rows and the table property agree."""
+    from neli_orchestrate.sinks import iceberg as sink
+
+    NEWER, BETWEEN = 9, 8
+    seen: dict[str, tuple[bool, str | None]] = {}
+    busy = []
+
+    def observe(stage_name: str) -> tuple[bool, str | None]:
+        return (table_rows(spark, table) == sorted(rows("newer", 2)), property_mark(spark, table))
+
+    def hook(stage_name: str, _table: str) -> None:
+        if busy:
+            return  # the nested writers below run their own commits unheld
+        busy.append(stage_name)
+        try:
+            run = plan.get(stage_name)
+            if run:
+                run()
+        finally:
+            busy.pop()
+
+    # 1. Held just before its publish, the zombie's rows are staged; the owner commits first.
+    plan = {"publish": lambda: write(spark, table, rows("owner", 2), OWNER)}
+    monkeypatch.setattr(sink, "_before_commit", hook)
+    with pytest.raises(StaleTokenError) as raised:
+        write(spark, table, rows("zombie", 3), ZOMBIE)
+    assert (raised.value.token, raised.value.committed) == (ZOMBIE, OWNER)
+    assert table_rows(spark, table) == sorted(rows("owner", 2))
+    assert property_mark(spark, table) == str(OWNER) and branches(spark, table) == ["main"]
+
+    # 2. A newer token: before its publish nothing of it is visible, right after it both the
+    # rows and the mark are. Then, still held after the publish, the snapshot carrying its
+    # summary is expired, and a writer with a token between the two is refused by the mark.
+    def after_publish() -> None:
+        seen["published"] = observe("published")
+        write_iceberg_fenced(frame(spark, rows("other-role", 1, "2013-01-07")), table,
+                             "2013-01-07", 3, role=OTHER_ROLE)
+        spark.sql(f"CALL neli.system.expire_snapshots(table => '{table[len('neli.'):]}', "
+                  "older_than => TIMESTAMP '2999-01-01 00:00:00', retain_last => 1)")
+        assert tokens(spark, table) == []
+        with pytest.raises(StaleTokenError) as between:
+            write(spark, table, rows("between", 4), BETWEEN)
+        seen["between"] = (between.value.committed == NEWER, str(between.value))
+
+    plan = {"publish": lambda: seen.__setitem__("publish", observe("publish")),
+            "published": after_publish}
+    commit = write(spark, table, rows("newer", 2), NEWER)
+
+    assert commit.committed and commit.snapshot_id is not None
+    assert seen["publish"] == (False, str(OWNER))  # staged only: neither rows nor mark
+    assert seen["published"] == (True, str(NEWER))  # one commit: both at once
+    assert seen["between"][0], seen["between"][1]
+    assert "table property" in seen["between"][1]
+    assert table_rows(spark, table) == sorted(rows("newer", 2))
+    assert branches(spark, table) == ["main"]

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import tempfile
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -23,8 +25,13 @@ import boto3
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from moto.server import ThreadedMotoServer
-from pyiceberg.catalog.sql import SqlCatalog
+
+# moto's request recorder writes its file where it is told when moto is imported (default: the
+# working directory, which is the repository's)
+os.environ.setdefault("MOTO_RECORDER_FILEPATH",
+                      os.path.join(tempfile.mkdtemp(prefix="neli-moto-"), "recording"))
+from moto.server import ThreadedMotoServer  # noqa: E402
+from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 
 from neli_orchestrate.errors import StaleTokenError
 from neli_orchestrate.sinks import delta as delta_sink

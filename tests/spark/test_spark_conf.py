@@ -15,11 +15,11 @@ from neli_orchestrate.claim import (
     ROLE_CONF,
     RUN_KEY_CONF,
     TOKEN_CONF,
+    Claim,
 )
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.spark import cancel_on_fence, neli_spark_conf, read_neli_conf
 from neli_orchestrate.spark.conf import (
-    NeliSparkConf,
     local_spark_conf,
     spark_home,
     spark_submit_env,
@@ -45,10 +45,10 @@ def test_conf_round_trip_from_the_gates_xcom() -> None:
         ROLE_CONF: "daily_flights",
         DEPLOYMENT_CONF: "eu",
     }
-    assert read_neli_conf(conf) == NeliSparkConf(42, "2013-01-05", "daily_flights", "eu", 0)
-    run = NeliSparkConf(7, "k", "r", None, attempt=2)
-    assert read_neli_conf(run.to_spark_conf()) == run
-    assert run.to_spark_conf()[ATTEMPT_CONF] == "2"
+    assert read_neli_conf(conf) == Claim(42, "2013-01-05", "daily_flights", "eu", 0)
+    run = Claim(7, "k", "r", None, attempt=2)
+    assert read_neli_conf(run.spark_conf()) == run
+    assert run.spark_conf()[ATTEMPT_CONF] == "2"
 
 
 class FakeSparkConf:
@@ -67,7 +67,7 @@ class FakeSparkConf:
 def test_read_from_spark_conf_like_objects() -> None:
     conf = FakeSparkConf({TOKEN_CONF: "9", RUN_KEY_CONF: "2013-02-08"})
 
-    assert read_neli_conf(conf) == NeliSparkConf(9, "2013-02-08")
+    assert read_neli_conf(conf) == Claim(9, "2013-02-08")
 
 
 @pytest.mark.parametrize(

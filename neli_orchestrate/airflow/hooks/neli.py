@@ -401,20 +401,16 @@ class NeliHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         """Check that the brokers answer and the ledger topic exists; return (ok, message)."""
-        from confluent_kafka.admin import AdminClient
-
         try:
             s = self.settings
         except Exception as exc:  # noqa: BLE001 - the UI shows the message
             return False, f"invalid connection: {exc}"
         timeout = s.connect_timeout
-        config = {
-            **s.client_config(),
-            "socket.timeout.ms": int(timeout * 1000),
-            "logger": logging.getLogger("neli_orchestrate.airflow.kafka"),
-        }
         try:
-            admin = AdminClient(config)
+            admin = s.admin_client(**{
+                "socket.timeout.ms": int(timeout * 1000),
+                "logger": logging.getLogger("neli_orchestrate.airflow.kafka"),
+            })
             metadata = admin.list_topics(timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - KafkaException, config errors, timeouts
             return False, (

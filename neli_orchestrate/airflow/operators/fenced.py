@@ -14,7 +14,8 @@ This module is the fenced try at run time. Making the gate's direct child run fe
 rewriting and lives in :mod:`neli_orchestrate.airflow.policy`
 (:func:`~neli_orchestrate.airflow.policy.fence_downstream`: the cluster policy applies it
 whenever Airflow loads a DAG file, the gate again before it claims; a shape that cannot be
-fenced fails the DAG's import there).
+fenced fails the DAG's import there). Where the gates are in a DAG (gate discovery, the
+mapped-task check) is :mod:`neli_orchestrate.airflow.graph`.
 
 One way to fence a task: put it directly after the gate. :func:`fenced` (and
 ``FencedSparkSubmitOperator``) is the explicit alias of that, adding per-task arguments.
@@ -75,11 +76,28 @@ from airflow.sdk.exceptions import (
 
 from neli_orchestrate.airflow.claims import (
     CLAIM_CONTEXT_KEY,
-    RunClaim,
+    DONE_ELSEWHERE_XCOM_KEY,
     open_singleton,
+    record_to_dict,
     reset_command,
 )
+from neli_orchestrate.airflow.graph import direct_gates, is_gate
 from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.airflow.spark_provider import (
+    ApplicationNotStopped,
+    built_hook,
+    cluster_deploy_mode,
+    confirm_stopped,
+    elsewhere,
+    is_spark_submit,
+    parse_application,
+    rebuild_hook,
+    remote_application,
+    stop_application,
+    submission_problem,
+    task_hook,
+)
+from neli_orchestrate.claim import Claim
 from neli_orchestrate.errors import (
     AcquireTimeoutError,
     ConfigError,
@@ -138,10 +156,6 @@ def naming_timeout(hook: Any) -> float:
         return NAMING_TIMEOUT
 
 
-#: Class attribute that marks LeaderGateOperator (found without importing it: no circle).
-GATE_MARKER = "neli_gate"
-
-
 class ApplicationMayStillRun(WorkNotStopped, AirflowException):
     """The try failed and its remote Spark application could not be confirmed stopped.
 
@@ -157,22 +171,6 @@ class ApplicationMayStillRun(WorkNotStopped, AirflowException):
 # -- the fenced run ---------------------------------------------------------------------------
 
 
-def is_gate(task: Any) -> bool:
-    """True for a LeaderGateOperator (or a mapped one)."""
-    cls = getattr(task, "operator_class", None) if _is_mapped(task) else type(task)
-    return bool(getattr(cls, GATE_MARKER, False))
-
-
-def _is_mapped(task: Any) -> bool:
-    from airflow.sdk.definitions.mappedoperator import MappedOperator
-
-    return isinstance(task, MappedOperator)
-
-
-def _direct_gates(task: Any) -> list[Any]:
-    return [t for t in task.upstream_list if is_gate(t)]
-
-
 def find_gate(task: Any, gate_task_id: str | None = None) -> Any:
     """The LeaderGateOperator directly upstream of ``task`` (or the one named); fail if none."""
     if gate_task_id:
@@ -183,7 +181,7 @@ def find_gate(task: Any, gate_task_id: str | None = None) -> Any:
                 "this DAG"
             )
         return gate
-    gates = _direct_gates(task)
+    gates = direct_gates(task)
     if len(gates) != 1:
         found = sorted(g.task_id for g in gates)
         raise AirflowFailException(
@@ -193,11 +191,11 @@ def find_gate(task: Any, gate_task_id: str | None = None) -> Any:
     return gates[0]
 
 
-def pull_claim(context: Context, gate: Any) -> RunClaim:
+def pull_claim(context: Context, gate: Any) -> Claim:
     """The gate's claim for this run, from its XCom; fail with instructions if missing."""
     value = context["ti"].xcom_pull(task_ids=gate.task_id)
     try:
-        return RunClaim.from_xcom(value)
+        return Claim.from_xcom(value)
     except ConfigError:
         raise AirflowFailException(
             f"no claim from gate {gate.task_id!r} for this run (XCom return_value is {value!r}); "
@@ -206,7 +204,7 @@ def pull_claim(context: Context, gate: Any) -> RunClaim:
         ) from None
 
 
-def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
+def hand_claim_to_work(task: Any, claim: Claim, context: Context) -> None:
     """Give the work its claim: context ``neli_claim``, ``NELI_*`` env, Spark conf.
 
     Environment variables reach every subprocess (bash, spark-submit); a BashOperator with its
@@ -218,7 +216,7 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
     env = claim.env()
     if isinstance(getattr(task, "env", None), dict):
         task.env = {**task.env, **env}
-    if _is_spark_submit(task):
+    if is_spark_submit(task):
         from neli_orchestrate.spark.conf import neli_spark_conf
 
         task.conf = {
@@ -231,7 +229,7 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
                 attempt=int(getattr(context["ti"], "try_number", 1) or 1),
             ),
         }
-        task._hook = None  # the hook copies conf when it is built: build it with the claim
+        rebuild_hook(task)  # the hook copies conf when it is built: build it with the claim
         if getattr(task, "durable", False):
             # Airflow 3.3's SparkSubmitOperator is a resumable job: a try reattaches to the
             # application an earlier try stored, or returns at once if it succeeded. Under a
@@ -253,19 +251,10 @@ def hand_claim_to_work(task: Any, claim: RunClaim, context: Context) -> None:
     )
 
 
-def _is_spark_submit(task: Any) -> bool:
-    return any(
-        cls.__name__ == "SparkSubmitOperator" and cls.__module__.startswith("airflow.providers.")
-        for cls in type(task).__mro__
-    )
-
-
 def _refuse_early_return(task: Any) -> None:
     """Fail (no retry) before claiming if spark-submit would return before the app finished."""
-    from neli_orchestrate.spark.applications import submission_problem
-
     try:
-        problem = submission_problem(task._get_hook())
+        problem = submission_problem(task_hook(task))
     except (AttributeError, KeyError, TypeError):  # not the provider's hook as we know it
         task.log.warning("cannot read the Spark provider's settings: completion not checked")
         return
@@ -281,7 +270,7 @@ def run_fenced(
     gate_task_id: str | None = None,
     neli_conn_id: str | None = None,
     acquire_timeout: float | None = None,
-    prepare: Callable[[RunClaim, Context], None] | None = None,
+    prepare: Callable[[Claim, Context], None] | None = None,
 ) -> Any:
     """Run ``work()`` as ``task``'s work under its gate's claim (the steps of the module doc).
 
@@ -289,7 +278,7 @@ def run_fenced(
     """
     gate = find_gate(task, gate_task_id)
     claim = pull_claim(context, gate)
-    if _is_spark_submit(task):
+    if is_spark_submit(task):
         _refuse_early_return(task)
     hook = NeliHook(
         neli_conn_id or gate.neli_conn_id,
@@ -393,7 +382,7 @@ def _sleep_unless_terminated(seconds: float) -> None:
 
 
 def _end_as_the_gate_would(
-    task: Any, gate: Any, claim: RunClaim, context: Context, skipped: SkippedRun
+    task: Any, gate: Any, claim: Claim, context: Context, skipped: SkippedRun
 ) -> None:
     """End a try that found its run ``COMPLETED``: as the gate ends a run completed elsewhere.
 
@@ -418,8 +407,6 @@ def _end_as_the_gate_would(
         concrete_outlets,
         stamp_proxy_outlet_events,
     )
-    from neli_orchestrate.airflow.claims import record_to_dict
-    from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY
     from neli_orchestrate.decision import skipped_by_work
     from neli_orchestrate.ledger.record import RunState
 
@@ -484,10 +471,10 @@ class _FencedExecution:
     def __init__(
         self,
         task: Any,
-        claim: RunClaim,
+        claim: Claim,
         context: Context,
         work: Callable[[], Any],
-        prepare: Callable[[RunClaim, Context], None] | None,
+        prepare: Callable[[Claim, Context], None] | None,
     ) -> None:
         self.task = task
         self.claim = claim
@@ -552,7 +539,7 @@ class _FencedExecution:
         self.tree = OwnTree()
         watcher: _ApplicationWatcher | None = None
         try:
-            if _is_spark_submit(task):
+            if is_spark_submit(task):
                 # Never beside an earlier token's driver that may still run on the cluster.
                 self._stop_earlier_applications(run)
                 watcher = _ApplicationWatcher(task, run, timeout=self.naming_timeout,
@@ -613,13 +600,6 @@ class _FencedExecution:
         """Stop one; where the cluster manager does not confirm it, the try fails (``FAILED``
         names it again) rather than run beside it. One the task cannot ask about (another
         cluster) is left, with a warning, to the token-checked sink."""
-        from neli_orchestrate.spark.applications import (
-            ApplicationNotStopped,
-            elsewhere,
-            parse_application,
-            stop_application,
-        )
-
         task = self.task
         application = parse_application(text)
         why = ("not a Spark application it knows" if application is None
@@ -640,7 +620,7 @@ class _FencedExecution:
                 f"not submitting beside an earlier token's application: {exc}",
                 application=text) from exc
         finally:
-            task._hook = None  # the work builds its own hook, with everything in conf
+            rebuild_hook(task)  # the work builds its own hook, with everything in conf
         task.log.info("%s, started under an earlier token, is stopped (%s): submitting under "
                       "token %s", application, state, run.token)
         run.record_stopped(text)
@@ -696,19 +676,13 @@ class _FencedExecution:
                 task.log.warning("killed %d process(es) the work left behind", killed)
             if left:
                 task.log.error("processes the work started survived SIGKILL: %s", left)
-        if _is_spark_submit(task):
+        if is_spark_submit(task):
             self._confirm_remote_stopped()
 
     def _confirm_remote_stopped(self) -> None:
         """Cluster deploy mode: ask the cluster manager until the driver is no longer active."""
-        from neli_orchestrate.spark.applications import (
-            ApplicationNotStopped,
-            confirm_stopped,
-            remote_application,
-        )
-
         try:
-            application = remote_application(getattr(self.task, "_hook", None))
+            application = remote_application(built_hook(self.task))
         except (AttributeError, KeyError, TypeError):
             application = None
         if application is None:
@@ -839,12 +813,10 @@ class _ApplicationWatcher:
         self.thread.start()
 
     def _watch(self) -> None:
-        from neli_orchestrate.spark.applications import remote_application
-
         while not self.stopped.wait(self.INTERVAL):
-            hook = getattr(self.task, "_hook", None)
+            hook = built_hook(self.task)
             try:
-                if hook is not None and hook._connection.get("deploy_mode") != "cluster":
+                if hook is not None and not cluster_deploy_mode(hook):
                     return  # client or local mode: the driver is this try's own child
                 application = remote_application(hook)
             except (AttributeError, KeyError, TypeError):
@@ -975,7 +947,7 @@ class FencedExecutionMixin:
         __init__.__qualname__ = f"{cls.__qualname__}.__init__"
         cls.__init__ = __init__  # type: ignore[method-assign]
 
-    def prepare_fenced_run(self, claim: RunClaim, context: Context) -> None:
+    def prepare_fenced_run(self, claim: Claim, context: Context) -> None:
         """Hand the verified claim to the work before it starts (:func:`hand_claim_to_work`)."""
         hand_claim_to_work(self, claim, context)
 

@@ -42,6 +42,7 @@ from airflow.sdk import PokeReturnValue, SkipMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from neli_orchestrate.airflow.claims import (
+    DONE_ELSEWHERE_XCOM_KEY,
     describe,
     open_singleton,
     record_to_dict,
@@ -49,6 +50,12 @@ from neli_orchestrate.airflow.claims import (
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
 from neli_orchestrate.airflow.lineage import Claimed, Lineage, LineageHooks, read_back, remember
+from neli_orchestrate.airflow.policy import (
+    UnfenceableTaskError,
+    fence_downstream,
+    is_fenced,
+    policy_loaded,
+)
 from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor, default_deferrable
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
 from neli_orchestrate.ledger.record import format_epoch
@@ -63,10 +70,6 @@ logger = logging.getLogger(__name__)
 # key from the singleton identity its triggering asset events carry
 # (neli_orchestrate.airflow.assets.run_key_after_assets); with neither, the gate refuses to run
 # and says what to set.
-
-#: XCom key under which a skipping gate records the ledger entry it found.
-DONE_ELSEWHERE_XCOM_KEY = "neli_done"
-
 
 
 class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
@@ -106,7 +109,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
     template_fields: Sequence[str] = ("role", "run_key")
     ui_color = "#d7ecd9"
     inherits_from_skipmixin = True
-    neli_gate = True  # operators.fenced.GATE_MARKER: found by the fencing code without an import
+    neli_gate = True  # airflow.graph.GATE_MARKER: found by the fencing code without an import
 
     def __init__(
         self,
@@ -279,13 +282,6 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
 
     def _check_fencing(self) -> None:
         """Claim only if the task after the gate will run fenced in its own process too."""
-        from neli_orchestrate.airflow.policy import (
-            UnfenceableTaskError,
-            fence_downstream,
-            is_fenced,
-            policy_loaded,
-        )
-
         if self.dag is None:
             return
         unfenced_before = [t.task_id for t in self.downstream_list if not is_fenced(t)]

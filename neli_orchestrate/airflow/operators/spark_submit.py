@@ -20,6 +20,7 @@ from __future__ import annotations
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from neli_orchestrate.airflow.operators.fenced import FencedExecutionMixin
+from neli_orchestrate.airflow.spark_provider import submit_process
 
 
 def _kill_process_tree(root_pid: int, *, timeout: float = 10.0) -> list[int]:
@@ -54,7 +55,7 @@ class FencedSparkSubmitOperator(FencedExecutionMixin, SparkSubmitOperator):
     ui_color = "#f7d9b8"
 
     def on_kill(self) -> None:
-        process = getattr(self._hook, "_submit_sp", None) if self._hook else None
+        process = submit_process(self)
         pid = process.pid if process is not None and process.poll() is None else None
         descendants: list[int] = []
         if pid is not None:

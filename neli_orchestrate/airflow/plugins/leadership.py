@@ -31,6 +31,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from neli_orchestrate.airflow import liveness as _liveness_listener
+from neli_orchestrate.airflow.claims import DONE_ELSEWHERE_XCOM_KEY
 from neli_orchestrate.airflow.plugins.alias_links import ProxyAliasLinks
 from neli_orchestrate.errors import ConfigError, NeliError
 from neli_orchestrate.observe import (
@@ -192,8 +193,6 @@ class NeliRanInLink(BaseOperatorLink):
     name = "Ran in region"
 
     def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
-        from neli_orchestrate.airflow.operators.gate import DONE_ELSEWHERE_XCOM_KEY
-
         dag = getattr(operator, "dag", None)
         if _is_gate(operator):
             sources = [operator]

@@ -1,19 +1,26 @@
-"""Spark applications behind a fenced SparkSubmitOperator: when the work is done, and stopping it.
+"""The Apache Spark provider, as a fenced SparkSubmitOperator needs it: the one adapter.
+
+Every read or write of the provider's private members (``SparkSubmitOperator._hook``,
+``_get_hook``, ``_deploy_mode``…; ``SparkSubmitHook._connection``, ``_driver_id``,
+``_submit_sp``…) is in this module, so a provider upgrade that renames one breaks here and in
+``tests/airflow/test_spark_provider.py``, which CI also runs against the oldest and the newest
+provider release of the range ``pyproject.toml`` states (``tests/airflow/test_provider_range.py``).
+Nothing here imports the provider: it reads the operator's and the hook's attributes.
 
 Usage::
 
     problem = import_problem(task)                 # at DAG import: None, or what to set
-    problem = submission_problem(task._get_hook())  # at run time, from the provider's parsing
-    app = remote_application(hook)                  # after a fence: the driver on the cluster
+    problem = submission_problem(task_hook(task))  # at run time, from the provider's parsing
+    app = remote_application(built_hook(task))     # after a fence: the driver on the cluster
     status = confirm_stopped(task, app, context, deadline=30.0)  # or ApplicationNotStopped
     earlier = parse_application(run.unstopped)      # what an earlier token left running
     if elsewhere(task, earlier) is None:            # on this task's own cluster manager
         status = stop_application(task, earlier, context, deadline=30.0)  # kill, confirm
 
-A fenced task records ``COMPLETED`` when the operator's ``execute`` returns, so ``execute`` must
-return only once the Spark application reached its final state. With the Apache Spark provider
-(6.3) that holds in every deploy mode it supports, except where a setting makes spark-submit
-return right after the submission:
+When the work is done: a fenced task records ``COMPLETED`` when the operator's ``execute``
+returns, so ``execute`` must return only once the Spark application reached its final state.
+With the Apache Spark provider that holds in every deploy mode it supports, except where a
+setting makes spark-submit return right after the submission:
 
 - ``spark.yarn.submit.waitAppCompletion=false`` in YARN cluster mode, unless the provider polls
   the ResourceManager itself (``yarn_track_via_rm_api=True``);
@@ -25,8 +32,7 @@ return right after the submission:
   tracks nor kills the driver.
 
 These are refused, at DAG import where the values are literal and again at run time from the
-provider's own parsing of the connection (nothing is claimed then). Nothing here imports the
-Spark provider: it reads the operator's and the hook's attributes.
+provider's own parsing of the connection (nothing is claimed then).
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ApplicationNotStopped",
     "RemoteApplication",
+    "built_hook",
+    "cluster_deploy_mode",
+    "is_spark_submit",
+    "rebuild_hook",
+    "submit_process",
+    "task_hook",
     "confirm_stopped",
     "elsewhere",
     "import_problem",
@@ -55,6 +67,44 @@ __all__ = [
 YARN_WAIT = "spark.yarn.submit.waitAppCompletion"
 K8S_WAIT = "spark.kubernetes.submission.waitAppCompletion"
 DEPLOY_MODE = "spark.submit.deployMode"
+
+
+def is_spark_submit(task: Any) -> bool:
+    """Whether ``task`` is the provider's ``SparkSubmitOperator`` (or a subclass of it)."""
+    return any(
+        cls.__name__ == "SparkSubmitOperator" and cls.__module__.startswith("airflow.providers.")
+        for cls in type(task).__mro__
+    )
+
+
+def task_hook(task: Any) -> Any:
+    """The operator's ``SparkSubmitHook``, built now if it was not (the provider parses the
+    connection when it builds it)."""
+    return task._get_hook()
+
+
+def built_hook(task: Any) -> Any:
+    """The hook the operator's ``execute`` built and submits with; None before that."""
+    return getattr(task, "_hook", None)
+
+
+def rebuild_hook(task: Any) -> None:
+    """Drop the operator's hook, so that the next one is built from its conf as it is now (the
+    hook copies ``conf`` when it is built: the claim's conf must be in it)."""
+    task._hook = None
+
+
+def cluster_deploy_mode(hook: Any) -> bool:
+    """Whether ``hook`` submits its driver to the cluster (cluster deploy mode): then it is not
+    the task's own child, and only the cluster manager can stop it."""
+    return bool(hook._connection.get("deploy_mode") == "cluster")
+
+
+def submit_process(task: Any) -> Any:
+    """The spark-submit process (``subprocess.Popen``) of the operator's hook; None before the
+    submission."""
+    hook = built_hook(task)
+    return getattr(hook, "_submit_sp", None) if hook is not None else None
 
 
 def _is_false(value: object) -> bool:
@@ -229,8 +279,7 @@ def confirm_stopped(
 
 def _manager(hook: Any) -> str | None:
     """Which cluster manager ``hook`` submits drivers to in cluster mode (None: client mode)."""
-    connection = hook._connection
-    if connection.get("deploy_mode") != "cluster":
+    if not cluster_deploy_mode(hook):
         return None
     if hook._should_track_driver_status:
         return "standalone"
@@ -250,7 +299,7 @@ def elsewhere(task: Any, application: RemoteApplication) -> str | None:
     here), another Kubernetes namespace, or a provider setting without which the provider can
     neither ask for an application's state nor kill it by id.
     """
-    hook = task._get_hook()
+    hook = task_hook(task)
     manager = _manager(hook)
     if manager != application.manager:
         return (f"this task's Spark connection submits to "
@@ -319,7 +368,7 @@ def stop_application(
                         status)
             return status
     logger.warning("killing %s, started under an earlier token, before submitting", application)
-    hook = task._get_hook()
+    hook = task_hook(task)
     if application.manager == "standalone":
         hook._driver_id = application.external_id
     elif application.manager == "yarn":
