@@ -308,7 +308,7 @@ def run_fenced(
     return _end_as_the_gate_would(task, gate, claim, context, outcome)
 
 
-def _lineage(task: Any, here: str, claim: RunClaim, *, result: Any = None) -> None:
+def _lineage(task: Any, here: str, claim: Claim, *, result: Any = None) -> None:
     """OpenLineage of this try (airflow/lineage.py): its claim, read back after the try."""
     from neli_orchestrate.airflow.lineage import Claimed, Lineage, attach, outputs_of
 
