@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.lineage.facet import neli_facet
 from neli_orchestrate.spark.conf import SparkJobCanceller, cancel_on_fence
 
 if TYPE_CHECKING:
@@ -142,6 +143,10 @@ class NeliRun:
             metadata["started_at"] = dg.MetadataValue.timestamp(self.started_at)
         if self.time_to_lead is not None:
             metadata["time_to_lead"] = dg.MetadataValue.float(round(self.time_to_lead, 3))
+        if self.token is not None:
+            # OpenLineage's `neli` run facet (neli_orchestrate/lineage/facet.py), as Airflow's
+            metadata["neli"] = dg.MetadataValue.json(
+                neli_facet(self, recorded_by=self.deployment))  # type: ignore[arg-type]
         return metadata
 
     @property
@@ -165,6 +170,9 @@ class NeliRun:
             metadata["deployment"] = record.deployment
             metadata["token"] = record.token
             metadata["completed_at"] = dg.MetadataValue.timestamp(record.at)
+            # the `neli` facet of the record read here: proxy, with its ledger offset
+            metadata["neli"] = dg.MetadataValue.json(
+                neli_facet(record, recorded_by=self.deployment))
         if self.skipped_by_task and record is not None:
             metadata["neli_skipped_by_task"] = True
             metadata["reason"] = record.reason

@@ -278,6 +278,8 @@ def _store(path: Path, checkpoint: Checkpoint) -> None:
         "ignored": state.ignored, "max_token": state.max_token,
         "records": {k: v.decode("utf-8") for k, v in state.values.items()},
         "unreadable": {k: [o, why] for k, (o, why) in state.unreadable.items()},
+        # each record's offset (what LedgerRecord.offset reports after a resumed replay)
+        "offsets": {k: r.offset for k, r in state.records.items() if r.offset is not None},
     }
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Write a new file and rename it over the old one: a reader sees either file, whole.
@@ -306,9 +308,16 @@ def _load(path: Path, cluster_id: str, topic: str, role: str) -> Checkpoint | No
             return None
         records: dict[str, LedgerRecord] = {}
         values: dict[str, bytes] = {}
+        offsets = document.get("offsets", {})  # absent in caches written before it
         for run_key, text in document["records"].items():
             value = text.encode("utf-8")
-            records[run_key] = _parse(value, (role, run_key))
+            record = _parse(value, (role, run_key))
+            at = offsets.get(run_key)
+            if at is not None:
+                if type(at) is not int or at < 0:
+                    raise ValueError("record offsets must be non-negative integers")
+                object.__setattr__(record, "offset", at)
+            records[run_key] = record
             values[run_key] = value
         unreadable = {k: (int(o), str(why)) for k, (o, why) in document["unreadable"].items()}
         offset, partition = document["offset"], document["partition"]

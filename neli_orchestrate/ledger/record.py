@@ -7,7 +7,7 @@ import logging
 import math
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
@@ -118,6 +118,10 @@ class LedgerRecord:
     #: The remote application this claim's try submitted (``RUNNING`` and after), named as soon
     #: as the submission returned its id, so that a successor can stop it if this try dies.
     application: str = ""
+    #: Where this record sits in the role's ledger partition, when it was read from the
+    #: ledger (a replay sets it; None on a record built here and not read back). Not part of
+    #: the record's value or its equality: OpenLineage's ``neli`` facet reports it.
+    offset: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # One combined test for the common, valid case keeps replays of large ledgers fast;
@@ -267,6 +271,7 @@ class LedgerRecord:
             handoff_deadline=handoff_deadline,
             unstopped=self.unstopped if unstopped is None else unstopped,
             application=self.application if application is None else application,
+            offset=None,  # a new record: not in the ledger until written and read back
         )
 
 

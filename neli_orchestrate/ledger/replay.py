@@ -185,6 +185,7 @@ class ReplayBuilder:
             self._ignore(key, offset, why)
             self._unreadable[run_key] = (offset, why)
             return
+        object.__setattr__(record, "offset", offset)  # frozen; set once, right after parsing
         self._records[run_key] = record
         self._values[run_key] = value
         self._unreadable.pop(run_key, None)

@@ -166,6 +166,15 @@ def _checked_write(run: NeliRun, where: str, write: Any) -> Any:
     return commit
 
 
+def _lineage(commit: Any) -> dict[str, Any]:
+    """``neli_dataset``: the table the commit wrote as an OpenLineage dataset, with its version
+    (the Delta version or Iceberg snapshot id; beside the ``neli`` run facet of the step)."""
+    from neli_orchestrate.lineage.facet import sink_dataset
+
+    dataset = sink_dataset(commit)
+    return {} if dataset is None else {"neli_dataset": dg.MetadataValue.json(dataset)}
+
+
 class NeliDeltaIOManager(dg.ConfigurableIOManager):
     """Store asset outputs (pandas or pyarrow) in Delta tables with the step's fencing token.
 
@@ -199,7 +208,8 @@ class NeliDeltaIOManager(dg.ConfigurableIOManager):
             partition_value=_partition_value(context, run),
             storage_options=self.storage_options or None, allow_empty=self.allow_empty))
         context.add_output_metadata({"uri": uri, "delta_version": commit.version,
-                                     "token": commit.token, "committed": commit.committed})
+                                     "token": commit.token, "committed": commit.committed,
+                                     **_lineage(commit)})
 
     def load_input(self, context: dg.InputContext) -> Any:
         """The upstream table (its requested partitions) as a pyarrow table."""
@@ -252,7 +262,8 @@ class NeliIcebergIOManager(dg.ConfigurableIOManager):
                             partition_value=_partition_value(context, run),
                             allow_empty=self.allow_empty))
         context.add_output_metadata({"table": identifier, "snapshot_id": commit.snapshot_id,
-                                     "token": commit.token, "committed": commit.committed})
+                                     "token": commit.token, "committed": commit.committed,
+                                     **_lineage(commit)})
 
     def load_input(self, context: dg.InputContext) -> Any:
         """The upstream table (its requested partitions) as a pyarrow table."""

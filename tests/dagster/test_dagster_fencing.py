@@ -103,6 +103,9 @@ def test_step_paused_past_the_session_is_fenced_by_the_other_deployment_and_its_
     assert isinstance(metadata.pop("started_at"), float)
     assert metadata.pop("neli_outcome") == "RUN"
     assert isinstance(metadata.pop("time_to_lead"), float)
+    facet = metadata.pop("neli")  # the OpenLineage `neli` facet of the run that was fenced
+    assert (facet["token"], facet["deployment"], facet["proxy"]) == (
+        east_claim["token"], "east", False)
     assert metadata == {
         "token": east_claim["token"],
         "deployment": "east",

@@ -7,6 +7,7 @@ The same paths against the real broker and real PySpark are in the two-deploymen
 tests.
 """
 
+import json
 import logging
 import threading
 import time
@@ -14,6 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 import dagster as dg
+import jsonschema
 import pytest
 
 from neli_orchestrate.core.config import NeliConfig
@@ -21,6 +23,7 @@ from neli_orchestrate.core.mock import MockNeli
 from neli_orchestrate.dagster import NeliResource, NeliRun, singleton_asset
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger.record import RunState
+from neli_orchestrate.lineage.facet import schema_file
 from neli_orchestrate.singleton.singleton import Singleton
 from neli_orchestrate.testing.memory_ledger import MemoryLedger
 
@@ -194,6 +197,14 @@ def test_run_executes_once_then_every_deployment_skips_with_a_trace() -> None:
     }.items()
     assert isinstance(materialization.metadata["started_at"], dg.TimestampMetadataValue)
     assert isinstance(materialization.metadata["time_to_lead"], dg.FloatMetadataValue)
+    # OpenLineage's `neli` run facet, as the Airflow provider's events carry it
+    schema = json.loads(schema_file().read_text())
+    ran_facet = materialization.metadata["neli"].value
+    jsonschema.validate(ran_facet, schema)
+    assert {k: ran_facet[k] for k in ("role", "run_key", "token", "deployment", "recorded_by",
+                                      "proxy")} == {
+        "role": "daily", "run_key": DAY, "token": token, "deployment": "east",
+        "recorded_by": "east", "proxy": False}
 
     for region in ("west", "east"):
         again = _materialize(daily, neli(deployment=region))
@@ -210,6 +221,12 @@ def test_run_executes_once_then_every_deployment_skips_with_a_trace() -> None:
             "run_key": DAY,
             "recorded_by": region,
         }.items()
+        proxy_facet = proxy.metadata["neli"].value
+        jsonschema.validate(proxy_facet, schema)
+        assert {k: proxy_facet[k] for k in ("role", "run_key", "token", "deployment")} == {
+            k: ran_facet[k] for k in ("role", "run_key", "token", "deployment")}
+        assert (proxy_facet["recorded_by"], proxy_facet["proxy"], proxy_facet["state"]) == (
+            region, region != "east", "COMPLETED")
         done_at = proxy.metadata["completed_at"]
         assert isinstance(done_at, dg.TimestampMetadataValue)
         assert abs(done_at.value - time.time()) < 60
@@ -385,6 +402,9 @@ def test_fence_during_the_work_cancels_spark_jobs_and_fails_the_step_without_ret
     assert abs(started_at.value - time.time()) < 60
     assert metadata.pop("neli_outcome").value == "RUN"
     assert 0 <= metadata.pop("time_to_lead").value < 60
+    # the failure names the run as the OpenLineage `neli` facet does (FAIL events carry it too)
+    facet = metadata.pop("neli").value
+    assert (facet["token"], facet["deployment"], facet["proxy"]) == (token, "east", False)
     assert {k: v.value for k, v in metadata.items()} == {
         "token": token,
         "deployment": "east",

@@ -67,6 +67,10 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: dict[str, Pat
     assert "neli_orchestrate/py.typed" in names
     assert "neli_orchestrate/testing/kafka/pom.xml" in names  # LocalKafka's Maven recipe
     assert "neli_orchestrate/testing/table_formats/pom.xml" in names  # the sinks' jars
+    # the `neli` OpenLineage facet's schema, where its _schemaURL points
+    from neli_orchestrate.lineage.facet import SCHEMA_PATH, SCHEMA_URL
+
+    assert SCHEMA_URL.endswith(f"#{SCHEMA_PATH}") and SCHEMA_PATH in names
     assert f"neli_orchestrate-{__version__}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("tests/", "dags/", "integration/"))]
     # the harnesses live in integration/, not in the package (docs/internals/development.md)
@@ -78,6 +82,7 @@ def test_build_makes_a_wheel_and_an_sdist_that_twine_accepts(dist: dict[str, Pat
         f"neli_orchestrate-{__version__}.dist-info/METADATA").decode()
     assert f"Version: {__version__}" in metadata
     assert "Provides-Extra: airflow" in metadata and "Provides-Extra: dagster" in metadata
+    assert "Provides-Extra: lineage" in metadata
     # The description is the wheel's own (DESCRIPTION.md), not the repository's front page:
     # no repository commands, no relative links, and the install line names this release.
     description = metadata.partition("\n\n")[2]
@@ -143,6 +148,10 @@ def test_the_wheel_with_only_the_airflow_extra(dist: dict[str, Path], tmp_path: 
     run(bin_dir / "python", "-W", "error::FutureWarning", "-c",
         "from pyspark.sql.pandas.utils import require_minimum_pandas_version as check; check()",
         cwd=tmp_path, env=env)
+    # the `neli` facet's _schemaURL resolves to the schema file of the installed wheel
+    out = run(bin_dir / "python", "-c", "from neli_orchestrate.lineage.facet import schema_file;"
+              "print(schema_file())", cwd=tmp_path, env=env).stdout.strip()
+    assert out.endswith("site-packages/neli_orchestrate/lineage/NeliRunFacet.json"), out
     # only the airflow extra: no Dagster
     probe = subprocess.run([bin_dir / "python", "-c", "import dagster"], env=env,
                            capture_output=True, timeout=60)

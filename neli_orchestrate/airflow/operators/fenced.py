@@ -289,6 +289,7 @@ def run_fenced(
     )
     execution = _FencedExecution(task, claim, context, work, prepare)
     execution.naming_timeout = naming_timeout(hook)
+    _lineage(task, hook.deployment, claim)
     try:
         with open_singleton(hook) as singleton:
             if hook.deployment != claim.deployment:
@@ -298,10 +299,28 @@ def run_fenced(
                 )
             outcome = _wait_and_run(task, gate, execution, singleton)
             if not isinstance(outcome, SkippedRun):
+                from neli_orchestrate.airflow.lineage import settle
+
+                settle(task, singleton)  # OpenLineage: the COMPLETED record, with its offset
                 return outcome
     except ConfigError as exc:
         raise AirflowFailException(f"NELI configuration error: {exc}") from exc
     return _end_as_the_gate_would(task, gate, claim, context, outcome)
+
+
+def _lineage(task: Any, here: str, claim: Claim, *, result: Any = None) -> None:
+    """OpenLineage of this try (airflow/lineage.py): its claim, read back after the try."""
+    from neli_orchestrate.airflow.lineage import Claimed, Lineage, attach, outputs_of
+
+    deployment = claim.deployment or here
+    role = claim.role or ""
+    try:
+        outputs = outputs_of(result) if result is not None else []
+    except ImportError:  # no OpenLineage client: nobody asks for lineage
+        outputs = []
+    attach(task, Lineage(recorded_by=deployment,
+                         record=Claimed(role, claim.run_key, claim.token, deployment),
+                         outputs=outputs))
 
 
 def _wait_and_run(task: Any, gate: Any, execution: _FencedExecution, singleton: Any) -> Any:
@@ -421,6 +440,9 @@ def _end_as_the_gate_would(
         if assets:
             proxied = stamp_proxy_outlet_events(task, context, record, role=role,
                                                 run_key=claim.run_key, here=here)
+    from neli_orchestrate.airflow.lineage import Lineage, attach
+
+    attach(task, Lineage(recorded_by=here, record=record))  # OpenLineage: a proxy of `record`
     rest = [t for t in gate.singleton_task_list() if t.task_id != task.task_id]
     done = record_to_dict(record) or {}
     done["skipped"] = [t.task_id for t in rest]
@@ -525,6 +547,9 @@ class _FencedExecution:
             self.in_work = True
             with _environ(current.env()):
                 result = self.work()
+            # OpenLineage: the claim it ran under (a retry's may be newer) and the sink's
+            # table version, where the work returned the sink's commit
+            _lineage(task, current.deployment or "", current, result=result)
             # The task's own asset events name the run, as the other regions' proxies do.
             from neli_orchestrate.airflow.assets import stamp_outlet_events
 

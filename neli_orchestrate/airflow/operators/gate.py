@@ -49,6 +49,7 @@ from neli_orchestrate.airflow.claims import (
     reset_command,
 )
 from neli_orchestrate.airflow.hooks.neli import NeliHook
+from neli_orchestrate.airflow.lineage import Claimed, Lineage, LineageHooks, read_back, remember
 from neli_orchestrate.airflow.policy import (
     UnfenceableTaskError,
     fence_downstream,
@@ -71,7 +72,7 @@ logger = logging.getLogger(__name__)
 # and says what to set.
 
 
-class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
+class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
     """Claim this run for this deployment, or skip downstream when it completed elsewhere.
 
     :param role: the singleton role (templated); one holder at a time. Template it per date
@@ -219,6 +220,9 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
             with open_singleton(hook) as singleton:
                 # Singleton.reserve never joins a busy group (it reads the ledger instead).
                 reservation = singleton.reserve(self.role, run_key)
+                # OpenLineage: the claim's record read back, with its ledger offset
+                claimed = (read_back(singleton, self.role, run_key, reservation.token)
+                           if reservation.token is not None else None)
         except ConfigError as exc:
             # Configuration does not fix itself between pokes or retries.
             raise AirflowFailException(f"NELI configuration error: {exc}") from exc
@@ -246,8 +250,15 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin):
                 outcome,
                 describe(reservation.record),
             )
+            # OpenLineage (the provider's hooks, after this task): the claim, read back
+            remember(self, Lineage(
+                recorded_by=deployment,
+                record=claimed or Claimed(self.role, run_key, int(claim["token"]), deployment)))
             return PokeReturnValue(is_done=True, xcom_value=claim)
         if outcome is Outcome.SKIP_DONE:
+            if reservation.record is not None:
+                # OpenLineage: the record this region saw (a proxy where another region ran it)
+                remember(self, Lineage(recorded_by=deployment, record=reservation.record))
             self._skip_singleton(context, reservation.record, skipped_where_done, deployment)
             return PokeReturnValue(is_done=True, xcom_value=None)
         if outcome is Outcome.WAIT:

@@ -1,0 +1,1 @@
+"""OpenLineage: the ``neli`` run facet (``facet.py``) and its schema (``NeliRunFacet.json``)."""
