@@ -44,32 +44,33 @@ logger = logging.getLogger(__name__)
 
 
 def neli_spark_conf(
-    claim: Claim | None = None,
+    claim: Claim | int | None = None,
     /,
-    *,
-    token: int | None = None,
     run_key: str | None = None,
     role: str | None = None,
     deployment: str | None = None,
+    *,
+    token: int | None = None,
     attempt: int | None = None,
 ) -> dict[str, str]:
     """Build the Spark conf entries that hand a run's claim to the job (``spark.neli.*``).
 
     Pass the claim whole: ``neli_spark_conf(run.claim)``; ``attempt`` (the orchestrator's try
-    number) may be added to it. The loose form ``neli_spark_conf(token=, run_key=, role=,
-    deployment=)`` builds the Claim first, so the gate's XCom dict works as keywords:
-    ``neli_spark_conf(**xcom)``.
+    number) may be added to it. The loose form ``neli_spark_conf(token, run_key, role,
+    deployment)`` (or as keywords, so the gate's XCom dict works: ``neli_spark_conf(**xcom)``)
+    builds the Claim first.
     """
-    if claim is None:
+    if not isinstance(claim, Claim):  # the loose form
+        if claim is not None and token is not None:
+            raise ConfigError(f"neli_spark_conf() got the token twice ({claim!r}, {token!r})")
         if run_key is None:
-            raise ConfigError("neli_spark_conf() needs a Claim, or token= and run_key=")
-        return neli_spark_conf(as_claim(run_key, token, role=role, deployment=deployment),
-                               attempt=attempt)
-    if not isinstance(claim, Claim) or any(
-            value is not None for value in (token, run_key, role, deployment)):
+            raise ConfigError("neli_spark_conf() needs a Claim, or a token and a run_key")
+        loose = as_claim(run_key, token if claim is None else claim, role=role,
+                         deployment=deployment)
+        return neli_spark_conf(loose, attempt=attempt)
+    if any(value is not None for value in (token, run_key, role, deployment)):
         raise ConfigError(
-            f"neli_spark_conf() takes a Claim, or token=, run_key=, role=, deployment= as "
-            f"keywords, not both (got {claim!r})")
+            "neli_spark_conf() takes a Claim, or token, run_key, role, deployment, not both")
     if attempt is not None:
         claim = dataclasses.replace(claim, attempt=attempt)
     return claim.spark_conf()

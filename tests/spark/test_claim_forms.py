@@ -50,6 +50,7 @@ def test_spark_conf_from_a_claim_equals_the_keyword_form_and_reads_back_whole():
         neli_spark_conf(CLAIM, token=8)
     with pytest.raises(ConfigError, match="needs a Claim"):
         neli_spark_conf()
+    assert neli_spark_conf(7, DATE, ROLE, DEPLOYMENT) == conf  # the loose form, positional
 
 
 def test_the_commit_guard_records_the_same_marker_for_a_claim_and_its_loose_form(tmp_path):
