@@ -61,6 +61,36 @@ def check_token(token: object) -> int:
     return token
 
 
+def as_claim(
+    claim: Claim | str,
+    token: int | None = None,
+    *,
+    role: str | None = None,
+    deployment: str | None = None,
+    attempt: int | None = None,
+) -> Claim:
+    """The one way a loose-argument form becomes a :class:`Claim`.
+
+    ``claim`` is a Claim (then ``token``, ``role``, ``deployment`` and ``attempt`` must be left
+    out: the claim travels whole) or a run key (then ``token`` is required). ConfigError
+    otherwise.
+    """
+    if isinstance(claim, Claim):
+        given = [name for name, value in (("token", token), ("role", role),
+                 ("deployment", deployment), ("attempt", attempt)) if value is not None]
+        if given:
+            raise ConfigError(
+                f"pass either a Claim or a run key with its token, not both: the Claim already "
+                f"carries {', '.join(given)}")
+        return claim
+    if token is None:
+        raise ConfigError(
+            f"no token for run key {claim!r}: pass the run's Claim, or the run key and its "
+            "fencing token")
+    return Claim(token=token, run_key=claim, role=role, deployment=deployment,
+                 attempt=0 if attempt is None else attempt)
+
+
 @dataclass(frozen=True)
 class Claim:
     """This deployment holds the claim of ``role`` / ``run_key`` under fencing ``token``.

@@ -4,7 +4,7 @@ Usage (the split form; :meth:`Singleton.claim` does both in one process)::
 
     gate = singleton.reserve("daily_flights", "2013-01-05")          # in the gate's process
     if gate.should_run:
-        singleton.execute("daily_flights", "2013-01-05", gate.token,  # in the executor's
+        singleton.execute(gate.claim,                                 # in the executor's
                           lambda run: build_table(token=run.token))
 
 The steps of one claim: become leader of the role's NELI group
@@ -35,8 +35,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
+from neli_orchestrate.claim import Claim, as_claim
 from neli_orchestrate.core.neli import Neli
 from neli_orchestrate.decision import (
     Claimant,
@@ -255,11 +256,32 @@ class Singleton:
                 writer.close()
             lead.close()
 
-    def execute(
+    @overload
+    def execute(self, claim: Claim, work: Callable[[Run], T], /, *,
+                on_fence: Callable[[str], object] | None = None) -> T: ...
+
+    @overload
+    def execute(self, role: str, run_key: str, token: int, work: Callable[[Run], T], /, *,
+                on_fence: Callable[[str], object] | None = None) -> T: ...
+
+    def execute(self, *args: Any, on_fence: Callable[[str], object] | None = None) -> Any:
+        """Executor (split form): ``execute(claim, work)`` re-acquires leadership, verifies the
+        gate's claim, runs ``work(run)`` and records the outcome.
+
+        ``claim`` is the gate's :class:`~neli_orchestrate.claim.Claim` (``reservation.claim``,
+        or ``Claim.from_xcom(...)``); it must name its role. The loose form
+        ``execute(role, run_key, token, work)`` builds that Claim and does the same.
+        """
+        if len(args) == 4:
+            role, run_key, token, work = args
+            return self._execute(as_claim(run_key, token, role=role), work, on_fence=on_fence)
+        if len(args) != 2 or not isinstance(args[0], Claim):
+            raise TypeError("execute() takes (claim, work) or (role, run_key, token, work)")
+        return self._execute(args[0], args[1], on_fence=on_fence)
+
+    def _execute(
         self,
-        role: str,
-        run_key: str,
-        token: int,
+        claim: Claim,
         work: Callable[[Run], T],
         *,
         on_fence: Callable[[str], object] | None = None,
@@ -282,6 +304,10 @@ class Singleton:
         run key terminally failed (``max_attempts``), or if ``token`` is not a claim this
         ledger issued for the run key.
         """
+        if claim.role is None:
+            raise ConfigError(f"the claim of run {claim.run_key!r} names no role: execute() "
+                              "needs the role it was reserved for")
+        role, run_key, token = claim.role, claim.run_key, claim.token
         self._warm(role)
         lead = self._lead(role)
         writer: LedgerWriter | None = None

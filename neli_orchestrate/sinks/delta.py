@@ -3,9 +3,8 @@
 Usage::
 
     # a Spark job (spark-submit, with the Delta jars)
-    run = read_neli_conf(spark)
-    commit = write_delta_fenced(df, "s3a://lake/daily_performance", run.run_key, run.token,
-                                role=run.role, deployment=run.deployment)
+    claim = read_neli_conf(spark)     # the claim the gate handed to spark-submit
+    commit = write_delta_fenced(df, "s3a://lake/daily_performance", claim)
     # a Dagster asset or any Python process writing pandas / pyarrow (extra ``delta``)
     commit = write_deltalake_fenced(frame, "/lake/daily_performance", run.run_key, run.token,
                                     role="daily_flights")
@@ -65,7 +64,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from neli_orchestrate.claim import check_token
+from neli_orchestrate.claim import Claim, as_claim
 from neli_orchestrate.errors import ConfigError, NeliError, StaleTokenError
 from neli_orchestrate.sinks.keys import legacy_app_id, require_role, require_run_key, sink_key
 
@@ -234,8 +233,8 @@ def _sql_literal(value: str) -> str:
 def write_delta_fenced(
     df: Any,
     path: str,
-    run_key: str,
-    token: int,
+    claim: Claim | str,
+    token: int | None = None,
     *,
     role: str | None = None,
     deployment: str | None = None,
@@ -245,6 +244,10 @@ def write_delta_fenced(
     conflict_retries: int = DEFAULT_CONFLICT_RETRIES,
 ) -> DeltaCommit:
     """Replace a partition of the Delta table at ``path`` with ``df`` under ``token`` (Spark).
+
+    ``claim`` is the run's :class:`~neli_orchestrate.claim.Claim` (``run.claim``,
+    ``read_neli_conf(spark)``); the loose form passes the run key and ``token`` (with
+    ``role=``, ``deployment=``) and builds that Claim.
 
     The partition is ``partition_column = partition_value`` (default: the run key); a DataFrame
     without that column gets it as a literal, and rows with another value make Delta refuse the
@@ -256,9 +259,10 @@ def write_delta_fenced(
     a table that sets ``delta.setTransactionRetentionDuration``, and :class:`DeltaCommitError`
     after ``conflict_retries`` lost commit races.
     """
-    check_token(token)
-    role = require_role(role)
-    run_key = require_run_key(run_key)
+    claim = as_claim(claim, token, role=role, deployment=deployment)  # the loose form
+    token, deployment = claim.token, claim.deployment
+    role = require_role(claim.role)
+    run_key = require_run_key(claim.run_key)
     value = run_key if partition_value is None else partition_value
     app_id, legacy = _app_ids(role, run_key, partition_column, value)
     spark = df.sparkSession
@@ -394,8 +398,8 @@ def _rs_literal(value: str) -> str:
 def write_deltalake_fenced(
     data: Any,
     uri: str,
-    run_key: str,
-    token: int,
+    claim: Claim | str,
+    token: int | None = None,
     *,
     role: str | None = None,
     deployment: str | None = None,
@@ -408,6 +412,10 @@ def write_deltalake_fenced(
     """Replace a partition of the Delta table at ``uri`` with ``data`` (pandas or pyarrow)
     under ``token``, without Spark (delta-rs).
 
+    ``claim`` is the run's :class:`~neli_orchestrate.claim.Claim` (``run.claim``,
+    ``read_neli_conf(spark)``); the loose form passes the run key and ``token`` (with
+    ``role=``, ``deployment=``) and builds that Claim.
+
     The partition is ``partition_column = partition_value`` (default: the run key); rows with
     another value make delta-rs refuse the write. A missing table is created (empty version 0,
     put-if-absent) partitioned by it. Raises :class:`~neli_orchestrate.errors.StaleTokenError`
@@ -418,9 +426,10 @@ def write_deltalake_fenced(
     import pyarrow as pa  # type: ignore[import-untyped]
     from deltalake import CommitProperties, Transaction, write_deltalake
 
-    check_token(token)
-    role = require_role(role)
-    run_key = require_run_key(run_key)
+    claim = as_claim(claim, token, role=role, deployment=deployment)  # the loose form
+    token, deployment = claim.token, claim.deployment
+    role = require_role(claim.role)
+    run_key = require_run_key(claim.run_key)
     value = run_key if partition_value is None else partition_value
     app_id, legacy = _app_ids(role, run_key, partition_column, value)
     table = data if isinstance(data, pa.Table) else pa.Table.from_pandas(data, preserve_index=False)

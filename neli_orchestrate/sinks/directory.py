@@ -3,7 +3,7 @@
 Usage::
 
     guard = TokenCommitGuard("/data/daily_performance")
-    with guard.stage("2013-01-05", token=run.token, role="daily_flights") as staged:
+    with guard.stage(run.claim) as staged:     # or guard.stage("2013-01-05", token=run.token)
         write_files_into(staged.path)          # private staging directory
     staged.marker.token                         # published: /data/daily_performance/2013-01-05
 
@@ -71,8 +71,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
+from neli_orchestrate.claim import Claim, as_claim
 from neli_orchestrate.errors import ConfigError, NeliError, StaleTokenError
 
 logger = logging.getLogger(__name__)
@@ -158,20 +159,6 @@ def escape_run_key(run_key: str) -> str:
             f"({len(name)} bytes escaped, limit {_MAX_NAME_BYTES})"
         )
     return name
-
-
-def _validate_token(token: object) -> int:
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise ConfigError(
-            f"token must be a non-negative int (the run's fencing token), got {token!r}"
-        )
-    return token
-
-
-def _validate_attempt(attempt: object) -> int:
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-        raise ConfigError(f"attempt must be a non-negative int, got {attempt!r}")
-    return attempt
 
 
 def _root_path(root: str | os.PathLike[str]) -> Path:
@@ -329,13 +316,18 @@ class TokenCommitGuard:
         """Return the highest token staged or committed for ``run_key`` (lower ones are stale)."""
         return self._max_committed(self._read_high_water(run_key), self.committed(run_key))
 
-    def check(self, run_key: str, token: int, *, role: str | None = None) -> None:
-        """Raise ``StaleTokenError`` now if ``token`` is already below a committed token.
+    def check(
+        self, claim: Claim | str, token: int | None = None, *, role: str | None = None
+    ) -> None:
+        """Raise ``StaleTokenError`` now if the claim's token is already below a committed token.
 
-        An early, lock-free check so a stale job fails before computing anything; the
-        authoritative check is repeated under the lock when publishing.
+        ``claim`` is the run's :class:`~neli_orchestrate.claim.Claim`; the loose form passes
+        the run key, ``token`` and ``role=``. An early, lock-free check so a stale job fails
+        before computing anything; the authoritative check is repeated under the lock when
+        publishing.
         """
-        token = _validate_token(token)
+        claim = as_claim(claim, token, role=role)  # the loose form
+        run_key, token, role = claim.run_key, claim.token, claim.role
         high = self._read_high_water(run_key)
         current = self.committed(run_key)
         self._check_role(run_key, role, high, current)
@@ -345,23 +337,28 @@ class TokenCommitGuard:
 
     def stage(
         self,
-        run_key: str,
-        token: int,
+        claim: Claim | str,
+        token: int | None = None,
         *,
         role: str | None = None,
         deployment: str | None = None,
-        attempt: int = 0,
+        attempt: int | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> StagedOutput:
-        """Register ``token`` and create a private staging directory for it.
+        """Register the claim's token and create a private staging directory for it.
+
+        ``claim`` is the run's :class:`~neli_orchestrate.claim.Claim` (``run.claim``,
+        ``read_neli_conf(spark)``); the loose form passes the run key and ``token`` (with
+        ``role=``, ``deployment=``, ``attempt=``) and builds that Claim.
 
         Fails fast with ``StaleTokenError`` if the token is already stale. Otherwise raises the
         run key's high-water mark to ``token`` (under the lock) before the job writes, so from
         now on every lower token is refused, staged or not, published or not. Use the result
         as a context manager (publish on success, discard on exception) or call ``commit()``.
         """
-        token = _validate_token(token)
-        attempt = _validate_attempt(attempt)
+        claim = as_claim(claim, token, role=role, deployment=deployment, attempt=attempt)
+        run_key, token, role, deployment = claim.run_key, claim.token, claim.role, claim.deployment
+        attempt = claim.attempt
         self._register(run_key, token, role)
         parent = self._internal("staging", create=True) / escape_run_key(run_key)
         parent.mkdir(parents=True, exist_ok=True)
@@ -772,29 +769,65 @@ class StagedOutput:
         return f"StagedOutput(run_key={self.run_key!r}, token={self.token}, path={self.path})"
 
 
+@overload
+def commit_output(
+    root: str | os.PathLike[str],
+    claim: Claim,
+    write: Callable[[Path], None],
+    /,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    partition_column: str | None = None,
+    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+) -> CommitMarker: ...
+
+
+@overload
 def commit_output(
     root: str | os.PathLike[str],
     run_key: str,
     token: int,
     write: Callable[[Path], None],
+    /,
     *,
     role: str | None = None,
     deployment: str | None = None,
-    attempt: int = 0,
+    attempt: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    partition_column: str | None = None,
+    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+) -> CommitMarker: ...
+
+
+def commit_output(
+    root: str | os.PathLike[str],
+    *args: Any,
+    role: str | None = None,
+    deployment: str | None = None,
+    attempt: int | None = None,
     metadata: Mapping[str, Any] | None = None,
     partition_column: str | None = None,
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
 ) -> CommitMarker:
-    """Run ``write(staging_dir)`` and publish the result under ``root`` if ``token`` is current.
+    """``commit_output(root, claim, write)``: run ``write(staging_dir)`` and publish the result
+    under ``root`` if the claim's token is current.
 
-    Raises ``StaleTokenError`` (before ``write`` runs, or at publish time) when a higher token
-    has committed for ``run_key``; the published output is then left untouched.
+    The loose form ``commit_output(root, run_key, token, write, role=..., ...)`` builds the
+    Claim. Raises ``StaleTokenError`` (before ``write`` runs, or at publish time) when a higher
+    token has committed for the run key; the published output is then left untouched.
     """
+    if len(args) == 3:  # the loose form
+        run_key, token, write = args
+        claim = as_claim(run_key, token, role=role, deployment=deployment, attempt=attempt)
+    elif len(args) == 2 and isinstance(args[0], Claim):
+        claim, write = args
+        as_claim(claim, role=role, deployment=deployment, attempt=attempt)  # none of them
+    else:
+        raise TypeError("commit_output() takes (root, claim, write) or "
+                        "(root, run_key, token, write)")
     guard = TokenCommitGuard(root, partition_column=partition_column, lock_timeout=lock_timeout)
-    with guard.stage(
-        run_key, token, role=role, deployment=deployment, attempt=attempt, metadata=metadata
-    ) as staged:
+    with guard.stage(claim, metadata=metadata) as staged:
         write(staged.path)
     if staged.marker is None:  # pragma: no cover - __exit__ commits or raises
-        raise CommitError(f"run key {run_key!r} was not published")
+        raise CommitError(f"run key {claim.run_key!r} was not published")
     return staged.marker

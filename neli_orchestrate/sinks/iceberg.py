@@ -3,8 +3,7 @@
 Usage::
 
     spark = SparkSession.builder.config(map=iceberg_catalog_conf("lake", "/data/warehouse"))...
-    commit = write_iceberg_fenced(df, "lake.flights.daily_performance", run.run_key, run.token,
-                                  role=run.role, deployment=run.deployment)
+    commit = write_iceberg_fenced(df, "lake.flights.daily_performance", read_neli_conf(spark))
     # without Spark (extra ``iceberg``): a pyiceberg catalog
     catalog = SqlCatalog("lake", uri="sqlite:////data/catalog.db", warehouse="file:///data/wh")
     commit = write_pyiceberg_fenced(frame, catalog, "flights.daily_performance", run.run_key,
@@ -72,7 +71,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from neli_orchestrate.claim import check_token
+from neli_orchestrate.claim import Claim, as_claim
 from neli_orchestrate.errors import ConfigError, NeliError, StaleTokenError
 from neli_orchestrate.sinks.keys import require_role, require_run_key, sink_key
 
@@ -248,8 +247,8 @@ def _is_conflict(exc: BaseException) -> bool:
 def write_iceberg_fenced(
     df: Any,
     table: str,
-    run_key: str,
-    token: int,
+    claim: Claim | str,
+    token: int | None = None,
     *,
     role: str | None = None,
     deployment: str | None = None,
@@ -261,6 +260,10 @@ def write_iceberg_fenced(
 ) -> IcebergCommit:
     """Replace a partition of the Iceberg ``table`` with ``df``, refusing a stale token (Spark).
 
+    ``claim`` is the run's :class:`~neli_orchestrate.claim.Claim` (``run.claim``,
+    ``read_neli_conf(spark)``); the loose form passes the run key and ``token`` (with
+    ``role=``, ``deployment=``) and builds that Claim.
+
     ``table`` must exist (create it partitioned by ``partition_column``); its rows with
     ``partition_column = partition_value`` (default: the run key) are replaced. A DataFrame
     without that column gets it as a literal. ``role`` is required.
@@ -271,9 +274,10 @@ def write_iceberg_fenced(
     """
     from pyspark.sql import functions as F
 
-    check_token(token)
-    role = require_role(role)
-    run_key = require_run_key(run_key)
+    claim = as_claim(claim, token, role=role, deployment=deployment)  # the loose form
+    token, deployment = claim.token, claim.deployment
+    role = require_role(claim.role)
+    run_key = require_run_key(claim.run_key)
     value = run_key if partition_value is None else partition_value
     key = sink_key(role, run_key, partition_column, value)
     legacy = str(value) == run_key
@@ -421,8 +425,8 @@ def write_pyiceberg_fenced(
     data: Any,
     catalog: Any,
     identifier: str,
-    run_key: str,
-    token: int,
+    claim: Claim | str,
+    token: int | None = None,
     *,
     role: str | None = None,
     deployment: str | None = None,
@@ -434,6 +438,10 @@ def write_pyiceberg_fenced(
     """Replace a partition of the Iceberg table ``identifier`` in ``catalog`` with ``data``
     (pyarrow or pandas) under ``token``, without Spark (pyiceberg).
 
+    ``claim`` is the run's :class:`~neli_orchestrate.claim.Claim` (``run.claim``,
+    ``read_neli_conf(spark)``); the loose form passes the run key and ``token`` (with
+    ``role=``, ``deployment=``) and builds that Claim.
+
     The data and the key's table property ``neli.token:<key>`` are committed in one
     transaction. Raises :class:`~neli_orchestrate.errors.StaleTokenError` if a higher token for
     the role, run key and partition is committed before the write or wins a race with it;
@@ -444,9 +452,10 @@ def write_pyiceberg_fenced(
     from pyiceberg.exceptions import CommitFailedException, ValidationException
     from pyiceberg.expressions import EqualTo
 
-    check_token(token)
-    role = require_role(role)
-    run_key = require_run_key(run_key)
+    claim = as_claim(claim, token, role=role, deployment=deployment)  # the loose form
+    token, deployment = claim.token, claim.deployment
+    role = require_role(claim.role)
+    run_key = require_run_key(claim.run_key)
     value = run_key if partition_value is None else partition_value
     key = sink_key(role, run_key, partition_column, value)
     legacy = str(value) == run_key

@@ -203,8 +203,7 @@ class NeliDeltaIOManager(dg.ConfigurableIOManager):
         run = claim.run
         uri = self._uri(context)
         commit = _write(claim, f"Delta table {uri}", lambda: write_deltalake_fenced(
-            obj, uri, run.run_key, run.token,  # type: ignore[arg-type]
-            role=run.role, deployment=run.deployment, partition_column=self.partition_column,
+            obj, uri, run.claim, partition_column=self.partition_column,
             partition_value=_partition_value(context, run),
             storage_options=self.storage_options or None, allow_empty=self.allow_empty))
         context.add_output_metadata({"uri": uri, "delta_version": commit.version,
@@ -256,8 +255,7 @@ class NeliIcebergIOManager(dg.ConfigurableIOManager):
         catalog = self._catalog()
         commit = _write(claim, f"Iceberg table {identifier}",
                         lambda: write_pyiceberg_fenced(
-                            obj, catalog, identifier, run.run_key, run.token,  # type: ignore[arg-type]
-                            role=run.role, deployment=run.deployment,
+                            obj, catalog, identifier, run.claim,
                             partition_column=self.partition_column,
                             partition_value=_partition_value(context, run),
                             allow_empty=self.allow_empty))

@@ -2,10 +2,8 @@
 
 Usage::
 
-    run = read_neli_conf(spark)
-    marker = write_parquet_fenced(df, "/data/daily_performance", run.run_key, run.token,
-                                  role=run.role, deployment=run.deployment,
-                                  partition_column="date")
+    claim = read_neli_conf(spark)
+    marker = write_parquet_fenced(df, "/data/daily_performance", claim, partition_column="date")
 
 pyspark is only needed by the DataFrame you pass; this module imports nothing from it.
 """
@@ -16,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from neli_orchestrate.claim import Claim, as_claim
 from neli_orchestrate.sinks.directory import (
     DEFAULT_LOCK_TIMEOUT,
     CommitError,
@@ -27,12 +26,12 @@ from neli_orchestrate.sinks.directory import (
 def write_parquet_fenced(
     df: Any,
     root: str | os.PathLike[str],
-    run_key: str,
-    token: int,
+    claim: Claim | str,
+    token: int | None = None,
     *,
     role: str | None = None,
     deployment: str | None = None,
-    attempt: int = 0,
+    attempt: int | None = None,
     partition_column: str | None = None,
     compression: str | None = None,
     options: Mapping[str, str] | None = None,
@@ -40,7 +39,11 @@ def write_parquet_fenced(
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     fsync_data: bool = False,
 ) -> CommitMarker:
-    """Write ``df`` as Parquet for ``run_key`` and publish it only if ``token`` is current.
+    """Write ``df`` as Parquet for the claim's run key; publish it only if its token is current.
+
+    ``claim`` is the run's :class:`~neli_orchestrate.claim.Claim` (``run.claim``,
+    ``read_neli_conf(spark)``); the loose form passes the run key and ``token`` (with
+    ``role=``, ``deployment=``, ``attempt=``) and builds that Claim.
 
     Spark writes into the guard's private staging directory (a local ``file://`` path, so a
     cluster default filesystem such as HDFS is never used by accident); the guard then
@@ -51,14 +54,13 @@ def write_parquet_fenced(
     is dropped from the data (Spark restores it from the directory name on read).
     Driver and executors must share the filesystem of ``root`` (local mode, or a shared mount).
     """
+    claim = as_claim(claim, token, role=role, deployment=deployment, attempt=attempt)  # loose
     guard = TokenCommitGuard(
         root, partition_column=partition_column, lock_timeout=lock_timeout, fsync_data=fsync_data
     )
     if partition_column is not None and partition_column in df.columns:
         df = df.drop(partition_column)
-    with guard.stage(
-        run_key, token, role=role, deployment=deployment, attempt=attempt, metadata=metadata
-    ) as staged:
+    with guard.stage(claim, metadata=metadata) as staged:
         writer = df.write.mode("overwrite")  # the staging directory is ours alone
         if compression is not None:
             writer = writer.option("compression", compression)
@@ -66,5 +68,5 @@ def write_parquet_fenced(
             writer = writer.option(key, value)
         writer.parquet(staged.path.as_uri())
     if staged.marker is None:  # pragma: no cover - a clean __exit__ always commits
-        raise CommitError(f"run key {run_key!r} was not published")
+        raise CommitError(f"run key {claim.run_key!r} was not published")
     return staged.marker

@@ -2,8 +2,7 @@
 
 Submit side (e.g. ``SparkSubmitOperator(conf=...)``)::
 
-    conf = neli_spark_conf(token=run.token, run_key=run.run_key, role="daily_flights",
-                           deployment="us-east-1")
+    conf = neli_spark_conf(run.claim)     # or neli_spark_conf(**gate_xcom)
     # {"spark.neli.token": "42", "spark.neli.run_key": "2013-01-05", ...}
 
 Job side::
@@ -21,6 +20,7 @@ Nothing here imports pyspark; it is duck-typed on the session, context or conf y
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import sys
@@ -36,25 +36,44 @@ from neli_orchestrate.claim import (  # noqa: F401 - the Spark conf names, re-ex
     RUN_KEY_CONF,
     TOKEN_CONF,
     Claim,
+    as_claim,
 )
 from neli_orchestrate.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+
 def neli_spark_conf(
-    token: int,
-    run_key: str,
+    claim: Claim | int | None = None,
+    /,
+    run_key: str | None = None,
     role: str | None = None,
     deployment: str | None = None,
     *,
+    token: int | None = None,
     attempt: int | None = None,
 ) -> dict[str, str]:
-    """Build the Spark conf entries that hand a run's fencing token to the job.
+    """Build the Spark conf entries that hand a run's claim to the job (``spark.neli.*``).
 
-    Accepts the gate's XCom dict as keywords: ``neli_spark_conf(**xcom)``.
+    Pass the claim whole: ``neli_spark_conf(run.claim)``; ``attempt`` (the orchestrator's try
+    number) may be added to it. The loose form ``neli_spark_conf(token, run_key, role,
+    deployment)`` (or as keywords, so the gate's XCom dict works: ``neli_spark_conf(**xcom)``)
+    builds the Claim first.
     """
-    return Claim(token=token, run_key=run_key, role=role, deployment=deployment,
-                 attempt=0 if attempt is None else attempt).spark_conf()
+    if not isinstance(claim, Claim):  # the loose form
+        if claim is not None and token is not None:
+            raise ConfigError(f"neli_spark_conf() got the token twice ({claim!r}, {token!r})")
+        if run_key is None:
+            raise ConfigError("neli_spark_conf() needs a Claim, or a token and a run_key")
+        loose = as_claim(run_key, token if claim is None else claim, role=role,
+                         deployment=deployment)
+        return neli_spark_conf(loose, attempt=attempt)
+    if any(value is not None for value in (token, run_key, role, deployment)):
+        raise ConfigError(
+            "neli_spark_conf() takes a Claim, or token, run_key, role, deployment, not both")
+    if attempt is not None:
+        claim = dataclasses.replace(claim, attempt=attempt)
+    return claim.spark_conf()
 
 
 def read_neli_conf(source: Any) -> Claim:

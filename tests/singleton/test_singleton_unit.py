@@ -21,9 +21,12 @@ from neli_orchestrate import (
     SingletonConfig,
     SkippedRun,
 )
+from neli_orchestrate.claim import Claim
 from neli_orchestrate.core.events import LeaderRevoked
 from neli_orchestrate.core.mock import MockNeli
+from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.ledger.record import RunState
+from neli_orchestrate.singleton.run import Run
 from neli_orchestrate.testing.memory_ledger import MemoryLedger
 
 ROLE = "daily_flights"
@@ -521,3 +524,26 @@ def test_an_application_not_confirmed_stopped_stays_with_the_run_key(world) -> N
     assert completed.state is RunState.COMPLETED and completed.unstopped == (APP,)  # shown
     with pytest.raises(RuntimeError, match="already ended"):
         held.record_application(APP)
+
+
+def test_execute_takes_the_gates_claim_whole_and_the_loose_form_is_the_same(world) -> None:
+    coordinator, ledger = world
+    gate = make("us-east-1", coordinator, ledger)
+    whole, loose = gate.reserve(ROLE, "d1"), gate.reserve(ROLE, "d2")
+    assert whole.claim is not None and loose.token is not None
+    executor = make("us-east-1", coordinator, ledger)
+    seen: list[tuple[str, int | None, str | None]] = []
+
+    def work(run: Run) -> str:
+        seen.append((run.run_key, run.token, run.deployment))
+        return run.run_key
+
+    assert executor.execute(whole.claim, work) == "d1"
+    assert executor.execute(ROLE, "d2", loose.token, work) == "d2"
+    assert seen == [("d1", whole.token, "us-east-1"), ("d2", loose.token, "us-east-1")]
+    for run_key, token in (("d1", whole.token), ("d2", loose.token)):
+        assert ledger.history(ROLE, run_key) == [RunState.CLAIMED, RunState.RUNNING,
+                                                 RunState.COMPLETED]
+        assert ledger.latest(ROLE, run_key).token == token
+    with pytest.raises(ConfigError, match="names no role"):
+        executor.execute(Claim(token=1, run_key="d3"), work)

@@ -222,11 +222,7 @@ def hand_claim_to_work(task: Any, claim: Claim, context: Context) -> None:
         task.conf = {
             **(task.conf or {}),
             **neli_spark_conf(
-                token=claim.token,
-                run_key=claim.run_key,
-                role=claim.role,
-                deployment=claim.deployment,
-                attempt=int(getattr(context["ti"], "try_number", 1) or 1),
+                claim, attempt=int(getattr(context["ti"], "try_number", 1) or 1)
             ),
         }
         rebuild_hook(task)  # the hook copies conf when it is built: build it with the claim
