@@ -96,7 +96,8 @@ class FakeSingleton:
         self.naming_fails_for_good = False
         self.naming_attempts = 0
 
-    def execute(self, role, run_key, token, work, *, on_fence=None):
+    def execute(self, claim, work, *, on_fence=None):  # the claim travels whole
+        role, run_key, token = claim.role, claim.run_key, claim.token
         self.calls.append((role, run_key, token))
         if self.error is not None:
             raise self.error

@@ -229,7 +229,8 @@ class FakeSingleton:
         #: what each failed try said of its retry (Run.expect_retry)
         self.retry_promises: list[float | None] = []
 
-    def execute(self, role, run_key, token, work, *, on_fence=None):
+    def execute(self, claim, work, *, on_fence=None):  # the claim travels whole
+        role, run_key, token = claim.role, claim.run_key, claim.token
         from types import SimpleNamespace
 
         from neli_orchestrate.errors import FencedError

@@ -495,9 +495,7 @@ class _FencedExecution:
         claim = self.claim
         previous = self._install_handler()
         try:
-            return singleton.execute(
-                claim.role, claim.run_key, claim.token, self._work, on_fence=self._on_fence
-            )
+            return singleton.execute(claim, self._work, on_fence=self._on_fence)
         except WorkSkipped as exc:
             # recorded COMPLETED ("skipped by the task"); Airflow sees what the work raised
             if exc.original is not None:
