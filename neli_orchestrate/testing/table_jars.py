@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,22 @@ DELTA_JARS = (
 )
 ICEBERG_JARS = (f"iceberg-spark-runtime-{SPARK_MINOR}_2.13-{ICEBERG_VERSION}.jar",)
 
+#: The optional S3 set (``table_formats/s3a-pom.xml``, ~24 MB): S3A for ``s3a://`` at the Hadoop
+#: version pyspark ships, only the AWS SDK v2 modules it loads (not the 642 MB SDK bundle), and
+#: the SQLite JDBC driver of an Iceberg JDBC catalog.
+HADOOP_VERSION = "3.4.2"
+AWS_SDK_VERSION = "2.29.52"
+SQLITE_JDBC_VERSION = "3.51.1.0"
+S3A_JARS = (
+    f"hadoop-aws-{HADOOP_VERSION}.jar",
+    f"s3-{AWS_SDK_VERSION}.jar",
+    f"sts-{AWS_SDK_VERSION}.jar",
+    f"s3-transfer-manager-{AWS_SDK_VERSION}.jar",
+    f"sqlite-jdbc-{SQLITE_JDBC_VERSION}.jar",
+)
+#: What pyspark's own jars already provide; a second copy would shadow Spark's.
+_S3A_EXCLUDED_GROUPS = "io.netty,org.apache.httpcomponents,commons-codec,commons-logging,org.slf4j"
+
 
 class TableJarsError(NeliError):
     """The table-format jars could not be found or fetched; the message says what to do."""
@@ -52,8 +69,8 @@ def table_jars_cache_dir() -> Path:
     return base / f"table-formats-spark{SPARK_MINOR}-delta{DELTA_VERSION}-iceberg{ICEBERG_VERSION}"
 
 
-def _pom() -> Path:
-    return Path(str(resources.files("neli_orchestrate.testing") / "table_formats" / "pom.xml"))
+def _pom(name: str = "pom.xml") -> Path:
+    return Path(str(resources.files("neli_orchestrate.testing") / "table_formats" / name))
 
 
 def _missing(jars: Path) -> list[str]:
@@ -115,6 +132,71 @@ def ensure_table_format_jars(*, timeout: float = 600.0) -> Path:
     return jars
 
 
+def s3a_jars_cache_dir() -> Path:
+    """Return the directory that holds (or will hold) the optional S3 jar set."""
+    return table_jars_cache_dir().with_name(
+        f"s3a-hadoop{HADOOP_VERSION}-awssdk{AWS_SDK_VERSION}-sqlite{SQLITE_JDBC_VERSION}")
+
+
+def ensure_s3a_jars(*, timeout: float = 600.0) -> list[Path]:
+    """Return the jars of the optional S3 set, fetching them with Maven once.
+
+    The set is ``hadoop-aws`` with the AWS SDK v2 modules S3A needs and their dependencies
+    (all of them: the SDK is split into some thirty small jars), plus ``sqlite-jdbc``.
+    ``NELI_S3A_JARS`` points at a directory that already holds them. Same locking and
+    publishing as :func:`ensure_table_format_jars`.
+    """
+    given = os.environ.get("NELI_S3A_JARS")
+    if given:
+        jars = Path(given)
+        missing = [name for name in S3A_JARS if not (jars / name).is_file()]
+        if missing:
+            raise TableJarsError(f"NELI_S3A_JARS={given} lacks {', '.join(missing)}")
+        return sorted(jars.glob("*.jar"))
+    cache = s3a_jars_cache_dir()
+    jars = cache / "jars"
+    if not (jars / ".complete").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (jars / ".complete").exists():
+                _fetch_s3a(cache, jars, timeout)
+    return sorted(jars.glob("*.jar"))
+
+
+def _fetch_s3a(cache: Path, jars: Path, timeout: float) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise TableJarsError(
+            "the S3 jars are not cached: install Maven (`mvn`) so they can be fetched from "
+            "Maven Central, or set NELI_S3A_JARS to a directory holding " + ", ".join(S3A_JARS)
+        )
+    staging = Path(tempfile.mkdtemp(prefix="jars-", dir=cache))
+    cmd = [
+        mvn, "-q", "-B", "-f", str(_pom("s3a-pom.xml")), "dependency:copy-dependencies",
+        "-DincludeScope=runtime", f"-DexcludeGroupIds={_S3A_EXCLUDED_GROUPS}",
+        f"-DoutputDirectory={staging}",
+    ]
+    log.info("fetching hadoop-aws %s and AWS SDK %s jars with Maven into %s",
+             HADOOP_VERSION, AWS_SDK_VERSION, jars)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise TableJarsError(f"Maven did not fetch the S3 jars within {timeout:.0f} s") from exc
+    missing = [name for name in S3A_JARS if not (staging / name).is_file()]
+    if proc.returncode != 0 or missing:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = (proc.stdout + proc.stderr)[-4000:]
+        raise TableJarsError(
+            f"Maven could not fetch {', '.join(missing) or 'the S3 jars'} (exit "
+            f"{proc.returncode}); is Maven Central reachable? Output:\n{tail}"
+        )
+    (staging / ".complete").write_text(f"hadoop-aws {HADOOP_VERSION} awssdk {AWS_SDK_VERSION}\n")
+    shutil.rmtree(jars, ignore_errors=True)
+    staging.rename(jars)
+
+
 def spark_jars(jars: Path, *, delta: bool = True, iceberg: bool = True) -> str:
     """Return the comma-separated ``spark.jars`` / ``--jars`` value for the chosen formats."""
     names = (DELTA_JARS if delta else ()) + (ICEBERG_JARS if iceberg else ())
@@ -132,7 +214,9 @@ def _has_table_classes(gateway: Any) -> bool:
 
 
 def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "neli",
-                        app_name: str = "neli_orchestrate tables", cores: int = 2) -> Any:
+                        app_name: str = "neli_orchestrate tables", cores: int = 2,
+                        extra_jars: Sequence[Path] = (),
+                        extra_conf: Mapping[str, str] | None = None) -> Any:
     """Return a local SparkSession with Delta and an Iceberg Hadoop catalog on ``warehouse``.
 
     For tests, demos and notebooks on one machine: the jars come from
@@ -142,6 +226,9 @@ def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "ne
     Delta snapshot partitions, no UI). Jars can only reach the driver when its JVM starts, so a
     driver JVM left over from an earlier, stopped session in this process that cannot load
     them is shut down first (one that can is reused); a session still running is an error.
+    ``extra_jars`` (e.g. :func:`ensure_s3a_jars`) join ``spark.jars`` and always get a fresh
+    driver JVM; ``extra_conf`` is applied last (e.g. ``spark.hadoop.fs.s3a.*``, another
+    catalog).
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -155,7 +242,7 @@ def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "ne
             "jars can only be added when the driver JVM starts)"
         )
     gateway = SparkContext._gateway
-    if gateway is not None and not _has_table_classes(gateway):
+    if gateway is not None and (extra_jars or not _has_table_classes(gateway)):
         # The JVM of an earlier session lacks our jars on the driver's classpath: end it (it
         # exits when its stdin closes) so the next session launches a fresh one with them.
         gateway.shutdown()
@@ -172,13 +259,14 @@ def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "ne
         **delta_session_conf(),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension,"
         "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-        "spark.jars": spark_jars(jars),
+        "spark.jars": ",".join([spark_jars(jars), *map(str, extra_jars)]),
         "spark.sql.shuffle.partitions": str(cores),
         "spark.default.parallelism": str(cores),
         # Delta replays its log with this many partitions (50 by default: ~20 s per new table)
         "spark.databricks.delta.snapshotPartitions": str(cores),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        **(extra_conf or {}),
     }
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     for key, value in conf.items():

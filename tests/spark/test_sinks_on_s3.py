@@ -12,26 +12,15 @@ partition survives.
 from __future__ import annotations
 
 import json
-import logging
-import os
-import socket
-import tempfile
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-
-# moto's request recorder writes its file where it is told when moto is imported (default: the
-# working directory, which is the repository's)
-os.environ.setdefault("MOTO_RECORDER_FILEPATH",
-                      os.path.join(tempfile.mkdtemp(prefix="neli-moto-"), "recording"))
-from moto.server import ThreadedMotoServer  # noqa: E402
-from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
+from pyiceberg.catalog.sql import SqlCatalog
 
 from neli_orchestrate.errors import StaleTokenError
 from neli_orchestrate.sinks import delta as delta_sink
@@ -45,20 +34,6 @@ ZOMBIE, OWNER = 9, 10
 def rows(writer: str, n: int, date: str = DATE) -> pa.Table:
     return pa.table({"date": [date] * n, "carrier": [f"C{i}" for i in range(n)],
                      "writer": [writer] * n})
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
 
 
 @pytest.fixture
