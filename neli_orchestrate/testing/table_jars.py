@@ -73,24 +73,22 @@ def _pom(name: str = "pom.xml") -> Path:
     return Path(str(resources.files("neli_orchestrate.testing") / "table_formats" / name))
 
 
-def _missing(jars: Path) -> list[str]:
-    return [name for name in DELTA_JARS + ICEBERG_JARS if not (jars / name).is_file()]
+def _missing(jars: Path, names: Sequence[str]) -> list[str]:
+    return [name for name in names if not (jars / name).is_file()]
 
 
-def ensure_table_format_jars(*, timeout: float = 600.0) -> Path:
-    """Return a directory holding the Delta and Iceberg jars, fetching them with Maven once.
-
-    Safe to call from several processes at once: the fetch holds a file lock and publishes the
-    directory with a rename, like :func:`~neli_orchestrate.testing.local_kafka.ensure_kafka_libs`.
-    """
-    given = os.environ.get("NELI_TABLE_JARS")
+def _ensure(*, what: str, env: str, names: Sequence[str], cache: Path, pom: str,
+            maven_args: Sequence[str], marker: str, timeout: float) -> Path:
+    """The directory holding ``names``: ``$env`` if set, else ``cache``/jars, fetched with
+    Maven from ``pom`` once. Safe from several processes at once: the fetch holds a file lock
+    and publishes the directory with a rename, like
+    :func:`~neli_orchestrate.testing.local_kafka.ensure_kafka_libs`."""
+    given = os.environ.get(env)
     if given:
-        jars = Path(given)
-        missing = _missing(jars)
+        missing = _missing(Path(given), names)
         if missing:
-            raise TableJarsError(f"NELI_TABLE_JARS={given} lacks {', '.join(missing)}")
-        return jars
-    cache = table_jars_cache_dir()
+            raise TableJarsError(f"{env}={given} lacks {', '.join(missing)}")
+        return Path(given)
     jars = cache / "jars"
     if (jars / ".complete").exists():
         return jars
@@ -102,34 +100,40 @@ def ensure_table_format_jars(*, timeout: float = 600.0) -> Path:
         mvn = shutil.which("mvn")
         if mvn is None:
             raise TableJarsError(
-                "the Delta/Iceberg jars are not cached: install Maven (`mvn`) so they can be "
-                "fetched from Maven Central, or set NELI_TABLE_JARS to a directory holding "
-                + ", ".join(DELTA_JARS + ICEBERG_JARS)
+                f"the {what} jars are not cached: install Maven (`mvn`) so they can be fetched "
+                f"from Maven Central, or set {env} to a directory holding " + ", ".join(names)
             )
         staging = Path(tempfile.mkdtemp(prefix="jars-", dir=cache))
-        cmd = [
-            mvn, "-q", "-B", "-f", str(_pom()), "dependency:copy-dependencies",
-            "-DincludeScope=runtime", "-DexcludeTransitive=true", f"-DoutputDirectory={staging}",
-        ]
-        log.info("fetching Delta %s and Iceberg %s jars with Maven into %s",
-                 DELTA_VERSION, ICEBERG_VERSION, jars)
+        cmd = [mvn, "-q", "-B", "-f", str(_pom(pom)), "dependency:copy-dependencies",
+               "-DincludeScope=runtime", *maven_args, f"-DoutputDirectory={staging}"]
+        log.info("fetching the %s jars (%s) with Maven into %s", what, marker, jars)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             shutil.rmtree(staging, ignore_errors=True)
-            raise TableJarsError(f"Maven did not fetch the jars within {timeout:.0f} s") from exc
-        missing = _missing(staging)
+            raise TableJarsError(
+                f"Maven did not fetch the {what} jars within {timeout:.0f} s") from exc
+        missing = _missing(staging, names)
         if proc.returncode != 0 or missing:
             shutil.rmtree(staging, ignore_errors=True)
             tail = (proc.stdout + proc.stderr)[-4000:]
             raise TableJarsError(
-                f"Maven could not fetch {', '.join(missing) or 'the jars'} (exit "
+                f"Maven could not fetch {', '.join(missing) or f'the {what} jars'} (exit "
                 f"{proc.returncode}); is Maven Central reachable? Output:\n{tail}"
             )
-        (staging / ".complete").write_text(f"delta {DELTA_VERSION} iceberg {ICEBERG_VERSION}\n")
+        (staging / ".complete").write_text(marker + "\n")
         shutil.rmtree(jars, ignore_errors=True)
         staging.rename(jars)
     return jars
+
+
+def ensure_table_format_jars(*, timeout: float = 600.0) -> Path:
+    """Return a directory holding the Delta and Iceberg jars, fetching them with Maven once
+    (``NELI_TABLE_JARS`` points at a directory that already holds them)."""
+    return _ensure(what="Delta/Iceberg", env="NELI_TABLE_JARS", names=DELTA_JARS + ICEBERG_JARS,
+                   cache=table_jars_cache_dir(), pom="pom.xml",
+                   maven_args=["-DexcludeTransitive=true"],
+                   marker=f"delta {DELTA_VERSION} iceberg {ICEBERG_VERSION}", timeout=timeout)
 
 
 def s3a_jars_cache_dir() -> Path:
@@ -146,55 +150,11 @@ def ensure_s3a_jars(*, timeout: float = 600.0) -> list[Path]:
     ``NELI_S3A_JARS`` points at a directory that already holds them. Same locking and
     publishing as :func:`ensure_table_format_jars`.
     """
-    given = os.environ.get("NELI_S3A_JARS")
-    if given:
-        jars = Path(given)
-        missing = [name for name in S3A_JARS if not (jars / name).is_file()]
-        if missing:
-            raise TableJarsError(f"NELI_S3A_JARS={given} lacks {', '.join(missing)}")
-        return sorted(jars.glob("*.jar"))
-    cache = s3a_jars_cache_dir()
-    jars = cache / "jars"
-    if not (jars / ".complete").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        with open(cache / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (jars / ".complete").exists():
-                _fetch_s3a(cache, jars, timeout)
+    jars = _ensure(what="S3", env="NELI_S3A_JARS", names=S3A_JARS, cache=s3a_jars_cache_dir(),
+                   pom="s3a-pom.xml", maven_args=[f"-DexcludeGroupIds={_S3A_EXCLUDED_GROUPS}"],
+                   marker=f"hadoop-aws {HADOOP_VERSION} awssdk {AWS_SDK_VERSION}",
+                   timeout=timeout)
     return sorted(jars.glob("*.jar"))
-
-
-def _fetch_s3a(cache: Path, jars: Path, timeout: float) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise TableJarsError(
-            "the S3 jars are not cached: install Maven (`mvn`) so they can be fetched from "
-            "Maven Central, or set NELI_S3A_JARS to a directory holding " + ", ".join(S3A_JARS)
-        )
-    staging = Path(tempfile.mkdtemp(prefix="jars-", dir=cache))
-    cmd = [
-        mvn, "-q", "-B", "-f", str(_pom("s3a-pom.xml")), "dependency:copy-dependencies",
-        "-DincludeScope=runtime", f"-DexcludeGroupIds={_S3A_EXCLUDED_GROUPS}",
-        f"-DoutputDirectory={staging}",
-    ]
-    log.info("fetching hadoop-aws %s and AWS SDK %s jars with Maven into %s",
-             HADOOP_VERSION, AWS_SDK_VERSION, jars)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise TableJarsError(f"Maven did not fetch the S3 jars within {timeout:.0f} s") from exc
-    missing = [name for name in S3A_JARS if not (staging / name).is_file()]
-    if proc.returncode != 0 or missing:
-        shutil.rmtree(staging, ignore_errors=True)
-        tail = (proc.stdout + proc.stderr)[-4000:]
-        raise TableJarsError(
-            f"Maven could not fetch {', '.join(missing) or 'the S3 jars'} (exit "
-            f"{proc.returncode}); is Maven Central reachable? Output:\n{tail}"
-        )
-    (staging / ".complete").write_text(f"hadoop-aws {HADOOP_VERSION} awssdk {AWS_SDK_VERSION}\n")
-    shutil.rmtree(jars, ignore_errors=True)
-    staging.rename(jars)
 
 
 def spark_jars(jars: Path, *, delta: bool = True, iceberg: bool = True) -> str:
