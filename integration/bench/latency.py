@@ -46,32 +46,13 @@ from benchlib import percentile
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from integration.regions.delay_proxy import KAFKA_API_NAMES, DelayProxy  # noqa: E402
+from integration.regions.delay_proxy import (  # noqa: E402
+    KAFKA_API_NAMES,
+    DelayProxy,
+    broker_behind_proxies,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _remote_broker(proxy_port: int, remote_port: int) -> Any:
-    """A LocalKafka with a REMOTE client listener advertised at the proxy's port."""
-    from neli_orchestrate.testing import LocalKafka
-
-    class RemoteListenerKafka(LocalKafka):
-        def _write_config(self) -> None:
-            super()._write_config()
-            path = self.workdir / "server.properties"
-            lines = []
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition("=")
-                if key == "listeners":
-                    value += f",REMOTE://127.0.0.1:{remote_port}"
-                elif key == "advertised.listeners":
-                    value += f",REMOTE://127.0.0.1:{proxy_port}"
-                elif key == "listener.security.protocol.map":
-                    value += ",REMOTE:PLAINTEXT"
-                lines.append(f"{key}={value}")
-            path.write_text("\n".join(lines) + "\n")
-
-    return RemoteListenerKafka()
 
 
 def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -89,7 +70,7 @@ def run(rtts: list[float], trials: int, profile: str) -> dict[str, Any]:
 
     remote_port = free_port()
     with DelayProxy(("127.0.0.1", remote_port)) as proxy:
-        kafka = _remote_broker(proxy.port, remote_port).start()
+        kafka = broker_behind_proxies({"remote": proxy.port}, {"remote": remote_port}).start()
         try:
             bootstrap = f"127.0.0.1:{proxy.port}"
             singletons = {}

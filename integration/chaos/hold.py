@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from integration.chaos.history import check, write
-from integration.regions.delay_proxy import DelayProxy
+from integration.regions.delay_proxy import DelayProxy, broker_behind_proxies
 
 logger = logging.getLogger("integration.chaos.hold")
 
@@ -119,31 +119,6 @@ class HarnessError(RuntimeError):
 # -- the world: a broker, a proxy per deployment ------------------------------------------------
 
 
-def _split_broker(proxy_ports: dict[str, int], listener_ports: dict[str, int]) -> Any:
-    """A LocalKafka with one client listener per deployment, advertised at its proxy."""
-    from neli_orchestrate.testing.local_kafka import LocalKafka
-
-    class SplitKafka(LocalKafka):
-        def _write_config(self) -> None:
-            super()._write_config()
-            path = self.workdir / "server.properties"
-            lines = []
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition("=")
-                for name in proxy_ports:
-                    upper = name.upper()
-                    if key == "listeners":
-                        value += f",{upper}://127.0.0.1:{listener_ports[name]}"
-                    elif key == "advertised.listeners":
-                        value += f",{upper}://127.0.0.1:{proxy_ports[name]}"
-                    elif key == "listener.security.protocol.map":
-                        value += f",{upper}:PLAINTEXT"
-                lines.append(f"{key}={value}")
-            path.write_text("\n".join(lines) + "\n")
-
-    return SplitKafka()
-
-
 class HoldWorld:
     """One broker; ``proxies[deployment]`` is the only way that deployment reaches it."""
 
@@ -159,7 +134,7 @@ class HoldWorld:
         try:
             for name in DEPLOYMENTS:
                 self.proxies[name] = DelayProxy(("127.0.0.1", listener_ports[name])).start()
-            self.kafka = _split_broker({n: p.port for n, p in self.proxies.items()},
+            self.kafka = broker_behind_proxies({n: p.port for n, p in self.proxies.items()},
                                        listener_ports)
             self.kafka.start(timeout=300)
         except BaseException:

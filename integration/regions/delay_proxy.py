@@ -245,3 +245,30 @@ class _FrameCounter:
             self._need = None
             if len(frame) >= 2:
                 self._report(struct.unpack(">h", frame[:2])[0])
+
+
+def broker_behind_proxies(proxy_ports: dict[str, int], listener_ports: dict[str, int]) -> Any:
+    """A LocalKafka (not started) with one more client listener per name, on
+    ``listener_ports[name]`` and advertised at ``proxy_ports[name]``: the clients that
+    bootstrap through a name's proxy reach the broker only through it."""
+    from neli_orchestrate.testing.local_kafka import LocalKafka
+
+    class ProxiedKafka(LocalKafka):
+        def _write_config(self) -> None:
+            super()._write_config()
+            path = self.workdir / "server.properties"
+            lines = []
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition("=")
+                for name in proxy_ports:
+                    upper = name.upper()
+                    if key == "listeners":
+                        value += f",{upper}://127.0.0.1:{listener_ports[name]}"
+                    elif key == "advertised.listeners":
+                        value += f",{upper}://127.0.0.1:{proxy_ports[name]}"
+                    elif key == "listener.security.protocol.map":
+                        value += f",{upper}:PLAINTEXT"
+                lines.append(f"{key}={value}")
+            path.write_text("\n".join(lines) + "\n")
+
+    return ProxiedKafka()
