@@ -67,7 +67,8 @@ PROFILES: Mapping[str, TimingProfile] = MappingProxyType({
     # Conservative: tolerates WAN latency, GC pauses, busy brokers and one broker's crash (L3:
     # a leader rides through the 7-13 s stall of a 3-broker cluster on Kafka's defaults).
     # The session is Kafka's own default (session.timeout.ms, group.consumer.session.timeout.ms:
-    # 45 s), so a stock broker accepts it for KIP-848 groups. Failover after a crash takes
+    # 45 s); on a stock broker `auto` picks classic groups (the 1 s group heartbeat is below its
+    # KIP-848 minimum of 5 s), which ride through with more margin. Failover after a crash takes
     # about the session timeout; a graceful hand-over about one group heartbeat.
     "default": TimingProfile(
         description="conservative, for clusters across regions (WAN); rides through "

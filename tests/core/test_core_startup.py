@@ -137,7 +137,12 @@ KIP_848_BROKER = {"group.coordinator.rebalance.protocols": "classic,consumer",
     ({"group.min.session.timeout.ms": "6000"}, {}, "classic", "predates KIP-848"),
     ({**KIP_848_BROKER, "group.coordinator.rebalance.protocols": "classic"}, {}, "classic",
      "does not enable KIP-848"),
+    # the default profile's 45 s session fits a stock broker's KIP-848 limits, its 1 s group
+    # heartbeat does not: classic (whose 45 s session rides through a broker's crash too)
     (KIP_848_BROKER, {"profile": "default"}, "classic",
+     "group_heartbeat_interval=1 s is below the broker's group.consumer.min.heartbeat.interval"
+     ".ms=5000"),
+    (KIP_848_BROKER, {"profile": "default", "session_timeout": 10.0}, "classic",
      "session_timeout=10 s is below the broker's group.consumer.min.session.timeout.ms=45000"),
     (KIP_848_BROKER, {"profile": "default", "session_timeout": 50.0,
                       "group_heartbeat_interval": 5.0}, "consumer", "supports KIP-848"),
