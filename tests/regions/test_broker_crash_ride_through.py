@@ -8,7 +8,8 @@ users run it: Kafka's own 45 s session, ``group_protocol`` left to ``auto``, whi
 on this cluster (R = 45 - 1 - 5 - 0.5 - 15 = 23.5 s). On a stock broker, whose KIP-848 groups
 refuse the profile's 1 s group heartbeat, ``auto`` picks classic groups, which get 29.5 s and
 were measured riding through at 24 s (R = 15.5 s, docs/internals/protocol.md 8a). The former
-10 s default could not ride through a 9-13 s stall and still leave the work its stop budget (``neli-orchestrate doctor`` prints the arithmetic).
+10 s default could not ride through a 9-13 s stall and still leave the work its stop budget
+(``neli-orchestrate doctor`` prints the arithmetic).
 Each trial kills -9 one broker: the heartbeat partition's leader, a follower of it, or the
 broker of a group's coordinator, and counts the ``LeaderFenced`` events and the samples in
 which a leader of A did not lead. Before the ride-through (protocol.md, 8a) every trial fenced
