@@ -538,12 +538,37 @@ class AirflowRegion:
         """Create a DAG run for ``logical_date`` (``YYYY-MM-DD`` or ISO); return its run id."""
         when = logical_date if "T" in logical_date else f"{logical_date}T00:00:00Z"
         run_id = run_id or f"neli__{when.replace(':', '-')}"
-        self.api(
-            "POST",
-            f"/api/v2/dags/{_q(dag_id)}/dagRuns",
-            {"dag_run_id": run_id, "logical_date": when, "conf": dict(conf or {})},
-        )
-        return run_id
+        # The regions run Airflow on SQLite: under load a write can wait out SQLite's busy
+        # timeout (the API answers 500 "Database error" and rolls back). Ask again for a while;
+        # a run that exists by then (409) was created by an earlier attempt.
+        deadline = time.monotonic() + 60.0
+        retried = False
+        while True:
+            try:
+                self.api(
+                    "POST",
+                    f"/api/v2/dags/{_q(dag_id)}/dagRuns",
+                    {"dag_run_id": run_id, "logical_date": when, "conf": dict(conf or {})},
+                )
+                return run_id
+            except HarnessError as exc:
+                text = str(exc)
+                if "-> 409" in text and retried and self._run_exists(dag_id, run_id):
+                    return run_id
+                if "-> 500" not in text or "Database error" not in text or \
+                        time.monotonic() > deadline:
+                    raise
+                logger.warning("%s: creating DAG run %s met a database error; asking again",
+                               self.name, run_id)
+                retried = True
+                time.sleep(1.0)
+
+    def _run_exists(self, dag_id: str, run_id: str) -> bool:
+        try:
+            self.dag_run(dag_id, run_id)
+        except HarnessError:
+            return False
+        return True
 
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return self.api("GET", f"/api/v2/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}")
