@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from neli_orchestrate.core.client_settings import KafkaSettings, client_settings
 from neli_orchestrate.core.config import NeliConfig
@@ -289,9 +289,10 @@ class KafkaLedger:
                     f" create it with cleanup.policy=compact and {self.config.partitions}"
                     " partition(s)"
                 )
-            self._create_topic(admin)
-            partitions = self.config.partitions
-        elif partitions != self.config.partitions:
+            # The count is read back, never assumed: another deployment (or an operator) may
+            # have created the topic a moment ago with a count the metadata had not shown yet.
+            partitions = self._create_topic(admin)
+        if partitions != self.config.partitions:
             raise TopicMismatchError(
                 f"ledger topic {self.config.topic!r} has {partitions} partitions but the config"
                 f" says partitions={self.config.partitions}; roles map to partitions by"
@@ -367,7 +368,8 @@ class KafkaLedger:
             return None
         return len(topic.partitions)
 
-    def _create_topic(self, admin: Any) -> None:
+    def _create_topic(self, admin: Any) -> int:
+        """Create the topic, or find it created by another; return its partition count."""
         ck = _kafka()
         # Kafka never compacts the active segment; rolling it hourly (instead of weekly) keeps
         # the uncompacted tail, which every replay decodes in full, small.
@@ -391,32 +393,40 @@ class KafkaLedger:
         except ck.KafkaException as exc:
             err = _kafka_error(exc)
             code = err.code() if err is not None else None
-            if code == ck.KafkaError.TOPIC_ALREADY_EXISTS:
-                return  # another deployment created it first; its partition count is checked
-            if _denied(exc):
-                raise AuthorizationError(
-                    f"not allowed to create ledger topic {self.config.topic!r} ({exc}); grant"
-                    f" CREATE on it, or create it yourself with cleanup.policy=compact and"
-                    f" {self.config.partitions} partition(s) and set create_topic=False;"
-                    " docs/guide/security.md"
-                ) from exc
-            if code == ck.KafkaError.POLICY_VIOLATION:
-                raise KafkaUnavailableError(
-                    f"not allowed to create ledger topic {self.config.topic!r} ({exc}); create it"
-                    f" yourself with cleanup.policy=compact and {self.config.partitions}"
-                    " partition(s), or grant CREATE"
-                ) from exc
-            raise KafkaUnavailableError(
-                f"creating ledger topic {self.config.topic!r} failed: {exc}"
-            ) from exc
-        # Verify the topic is visible before the first replay relies on its metadata.
-        deadline = time.monotonic() + self.config.request_timeout
-        while self._topic_partitions(admin) is None:
-            if time.monotonic() > deadline:
+            if code != ck.KafkaError.TOPIC_ALREADY_EXISTS:
+                self._raise_create_error(exc, code)
+            # another deployment created it first: its count is read below and checked
+        # Wait until the topic is visible: the first replay relies on its metadata, and the
+        # caller checks the partition count it reports.
+        deadline = self._monotonic() + self.config.request_timeout
+        while (partitions := self._topic_partitions(admin)) is None:
+            if self._monotonic() > deadline:
                 raise KafkaUnavailableError(
                     f"ledger topic {self.config.topic!r} was created but never became visible"
+                    f" within request_timeout={self.config.request_timeout:g} s; retry, or"
+                    " raise request_timeout"
                 )
-            time.sleep(0.05)
+            self._sleep(0.05)
+        return partitions
+
+    def _raise_create_error(self, exc: Exception, code: int | None) -> NoReturn:
+        ck = _kafka()
+        if _denied(exc):
+            raise AuthorizationError(
+                f"not allowed to create ledger topic {self.config.topic!r} ({exc}); grant"
+                f" CREATE on it, or create it yourself with cleanup.policy=compact and"
+                f" {self.config.partitions} partition(s) and set create_topic=False;"
+                " docs/guide/security.md"
+            ) from exc
+        if code == ck.KafkaError.POLICY_VIOLATION:
+            raise KafkaUnavailableError(
+                f"not allowed to create ledger topic {self.config.topic!r} ({exc}); create it"
+                f" yourself with cleanup.policy=compact and {self.config.partitions}"
+                " partition(s), or grant CREATE"
+            ) from exc
+        raise KafkaUnavailableError(
+            f"creating ledger topic {self.config.topic!r} failed: {exc}"
+        ) from exc
 
     def _check_cleanup_policy(self, admin: Any) -> None:
         ck = _kafka()

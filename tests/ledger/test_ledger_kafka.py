@@ -107,6 +107,29 @@ def test_an_existing_topic_with_another_partition_count_is_refused(
         ledger.replay("daily_flights")
 
 
+def test_a_topic_another_deployment_just_created_has_its_count_read_back_not_assumed(
+    kafka_broker: str, new_topic, ledgers: list[KafkaLedger],  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The metadata lags a topic created a moment ago: the create then finds it existing.
+
+    The ledger must read the count back, not assume its own (a Kafka 4.4 CI run met this).
+    """
+    existing = new_topic(partitions=2, config={"cleanup.policy": "compact"})
+    ledger = open_ledger(ledgers, kafka_broker, existing, partitions=1)
+    real = ledger._topic_partitions
+    reads: list[int | None] = []
+
+    def lagging(admin):  # type: ignore[no-untyped-def]
+        reads.append(None if not reads else real(admin))  # the first read misses the topic
+        return reads[-1]
+
+    monkeypatch.setattr(ledger, "_topic_partitions", lagging)
+    with pytest.raises(TopicMismatchError, match="2 partitions"):
+        ledger.replay("daily_flights")
+    assert reads[0] is None and reads[-1] == 2, reads
+
+
 def test_an_existing_topic_that_deletes_by_retention_is_refused(
     kafka_broker: str, new_topic, ledgers: list[KafkaLedger]  # type: ignore[no-untyped-def]
 ) -> None:
