@@ -334,8 +334,8 @@ def choose_group_protocol(broker: Mapping[str, str] | None,
     problem = _session_problem(broker, "consumer", r)
     if problem is not None:
         return "classic", (f"the broker supports KIP-848 but refuses this member's timing there "
-                           f"({problem}); raise session_timeout, or lower the broker's limit, "
-                           f"to use KIP-848")
+                           f"({problem}); to use KIP-848, set that setting within the "
+                           f"broker's limit, or ask the Kafka operators to widen the limit")
     return "consumer", f"the broker supports KIP-848 ({_PROTOCOLS_KEY}={protocols})"
 
 

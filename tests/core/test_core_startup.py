@@ -158,6 +158,9 @@ def test_auto_group_protocol_takes_kip_848_when_the_broker_supports_it(
     r = config(**overrides).resolved
     chosen, reason = choose_group_protocol(broker, r)
     assert (chosen, why in reason) == (protocol, True), reason
+    # the advice fits the setting that was refused (a too-short heartbeat is not fixed by a
+    # longer session)
+    assert "raise session_timeout" not in reason, reason
 
 
 def test_the_chosen_protocol_reaches_the_consumer_and_the_log(
