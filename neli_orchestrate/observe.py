@@ -33,16 +33,21 @@ from neli_orchestrate.ledger.cache import end_is_known
 from neli_orchestrate.settings import ClusterSettings
 
 if TYPE_CHECKING:
-    from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory
-    from neli_orchestrate.ledger.record import LedgerRecord
+    # The read model's vocabulary, named here (``X as X``: an explicit, type-only re-export)
+    # so that the front doors annotate with it without importing the ledger or liveness: the
+    # import-linter contract "front-doors-through-the-api" (pyproject.toml) forbids that.
+    from neli_orchestrate.ledger.history import HistoryEntry as HistoryEntry
+    from neli_orchestrate.ledger.history import LedgerHistory as LedgerHistory
+    from neli_orchestrate.ledger.record import LedgerRecord as LedgerRecord
     from neli_orchestrate.ledger.transactions import OpenTransaction
-    from neli_orchestrate.liveness import DeploymentLiveness
+    from neli_orchestrate.liveness import DeploymentLiveness as DeploymentLiveness
 
 __all__ = ["LeaderSpell", "MemberStatus", "Overview", "RoleOverview", "RoleStatus",
            "broker_config", "collect_liveness", "collect_overview", "collect_status",
            "describe_config",
-           "entry_data", "group_prefix", "iso_time", "latest_runs", "open_ledger_transaction",
-           "outcome_phrase", "role_of_group", "unstopped_note", "unstopped_notes"]
+           "entry_data", "group_prefix", "is_completed", "iso_time", "latest_runs",
+           "ledger_time", "open_ledger_transaction", "outcome_phrase", "read_ledger",
+           "role_of_group", "run_states", "skipped_by_task", "unstopped_note", "unstopped_notes"]
 
 #: Ledger rows an overview keeps per role (newest first).
 LEDGER_ROWS = 50
@@ -311,14 +316,52 @@ def _timeline(beats: Sequence[tuple[float, str, int]], partition: int, members: 
     return spells[-TIMELINE_SPELLS:]
 
 
+def read_ledger(target: ClusterSettings, roles: Sequence[str] | None = None) -> LedgerHistory:
+    """The ledger of ``roles`` (every role if None), read to its end. Raises
+    :class:`~neli_orchestrate.errors.KafkaUnavailableError` when it cannot be read: an
+    unreadable ledger is never an empty one."""
+    from neli_orchestrate.ledger.history import read_history
+
+    return read_history(target.ledger_config(), roles=roles)
+
+
+def run_states() -> list[str]:
+    """The ledger's run states, in their lifecycle order: ``CLAIMED``, ``RUNNING``, ..."""
+    from neli_orchestrate.ledger.record import RunState
+
+    return [state.value for state in RunState]
+
+
+def ledger_time(at: float | None) -> str:
+    """A ledger timestamp as the ledger's own log lines write it (``2013-01-05T06:00:00Z``),
+    for messages that quote a record beside :meth:`LedgerRecord.describe`."""
+    from neli_orchestrate.ledger.record import format_epoch
+
+    return format_epoch(at)
+
+
+def is_completed(record: LedgerRecord | None) -> bool:
+    """True for a ``COMPLETED`` record: the run key ran (or its work skipped itself)."""
+    from neli_orchestrate.ledger.record import RunState
+
+    return record is not None and record.state is RunState.COMPLETED
+
+
+def skipped_by_task(record: LedgerRecord | None) -> bool:
+    """True for a ``COMPLETED`` record whose work skipped itself: it produced nothing, so no
+    front door materializes or emits asset events for it by proxy (the decision table's rule,
+    :func:`neli_orchestrate.decision.skipped_by_work`)."""
+    from neli_orchestrate.decision import skipped_by_work
+
+    return skipped_by_work(record)
+
+
 def _read_ledger(target: ClusterSettings, roles: Sequence[str],
                  history: LedgerHistory | None = None) -> LedgerHistory | None:
     """``history`` if given, else the ledger of ``roles``; None if it cannot be read."""
-    from neli_orchestrate.ledger.history import read_history
-
     if history is None:
         try:
-            history = read_history(target.ledger_config(), roles=roles)
+            history = read_ledger(target, roles)
         except KafkaUnavailableError:
             return None
     return history
@@ -371,9 +414,9 @@ def outcome_phrase(record: LedgerRecord) -> str:
     ``"skipped by the task in us-east-1"`` (a ``COMPLETED`` record whose work skipped itself:
     it produced nothing, so no region emits asset events or materializations by proxy for it),
     ``"failed in eu-west-1"``, ``"running in ..."``, ``"claimed by ..."``, ``"reset by ..."``."""
-    from neli_orchestrate.decision import SKIPPED_BY_TASK, skipped_by_work
+    from neli_orchestrate.decision import SKIPPED_BY_TASK
 
-    if skipped_by_work(record):
+    if skipped_by_task(record):
         return f"{SKIPPED_BY_TASK} in {record.deployment}"
     state = str(record.state.value)
     return f"{_STATE_PHRASES.get(state, state.lower())} {record.deployment}"
