@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard
 
 from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.heartbeat import decode_heartbeat
@@ -395,7 +395,7 @@ def ledger_time(at: float | None) -> str:
     return format_epoch(at)
 
 
-def is_completed(record: LedgerRecord | None) -> bool:
+def is_completed(record: LedgerRecord | None) -> TypeGuard[LedgerRecord]:
     """True for a ``COMPLETED`` record: the run key ran (or its work skipped itself)."""
     from neli_orchestrate.ledger.record import RunState
 

@@ -37,10 +37,22 @@ from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.singleton.config import SingletonConfig
 
-__all__ = ["ClusterSettings", "NeliSettings", "choices", "declaration", "field", "kind", "parse"]
+__all__ = ["ClusterSettings", "NeliSettings", "choices", "declaration", "drop_protocol_owned",
+           "field", "kind", "parse"]
 
 #: The group protocols a setting may name (None: the core's default, ``auto``).
 GroupProtocolName = Literal["auto", "classic", "consumer"]
+
+def drop_protocol_owned(kafka_config: dict[str, Any]) -> list[str]:
+    """Remove from ``kafka_config`` the librdkafka settings the protocol sets itself
+    (``group.id``, ``enable.auto.commit``, ...), which ``ClusterSettings.kafka_config`` refuses;
+    the removed keys, sorted. For config shared with other Kafka clients (the extras of an
+    Airflow ``kafka`` connection), where such keys are meant for those clients."""
+    dropped = sorted(k for k in kafka_config if k.strip().lower() in PROTECTED_KAFKA_SETTINGS)
+    for key in dropped:
+        del kafka_config[key]
+    return dropped
+
 
 def _default(config: type, name: str) -> Any:
     """The default of field ``name`` of the protocol's dataclass ``config``: a value the layers

@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 
 from neli_orchestrate.airflow.provider import KAFKA_EXTRAS
-from neli_orchestrate.core.config import PROTECTED_KAFKA_SETTINGS
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.settings import NeliSettings, parse
+from neli_orchestrate.settings import NeliSettings, drop_protocol_owned, parse
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-    from neli_orchestrate.core.config import NeliConfig
+    from neli_orchestrate import NeliConfig
     from neli_orchestrate.singleton.config import SingletonConfig
     from neli_orchestrate.singleton.singleton import Singleton
 
@@ -197,9 +196,7 @@ def _kafka_connection(conn_id: str, extras: dict[str, Any]) -> dict[str, Any]:
     # hook's arguments and [neli] config, never from unknown keys the client would reject.
     # Consumer settings meant for other hooks (group.id, auto.offset.reset, ...) are the
     # protocol's business here: drop them rather than fail.
-    ignored = sorted(k for k in kafka_config if k.strip().lower() in PROTECTED_KAFKA_SETTINGS)
-    for key in ignored:
-        kafka_config.pop(key)
+    ignored = drop_protocol_owned(kafka_config)
     if ignored:
         logger.info("connection %r: ignoring %s, NELI sets them itself", conn_id, ignored)
     return {"bootstrap_servers": bootstrap, "kafka_config": kafka_config}
