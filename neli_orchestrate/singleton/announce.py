@@ -1,4 +1,4 @@
-"""A deployment's liveness announcer as a front door starts it (docs/guide/liveness.md).
+"""A deployment's liveness announcer as a front door starts it (docs/guide/guarantees.md).
 
 :func:`announcer_config` derives the announcer's settings from the deployment's
 :class:`~neli_orchestrate.SingletonConfig` (one derivation: the same bootstrap servers,
