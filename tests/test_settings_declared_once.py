@@ -207,6 +207,6 @@ def test_the_hook_takes_each_declared_setting_and_refuses_others() -> None:
     # None leaves the connection's value; the declaration's bounds still apply
     assert NeliHook("c", connection=conn, handoff_timeout=None).settings.handoff_timeout == 50
     with pytest.raises(ConfigError, match="handoff_timeout"):
-        settings_from_connection(conn, {"handoff_timeout": -1.0})
+        settings_from_connection(conn, handoff_timeout=-1.0)
     with pytest.raises(TypeError, match="poll"):
         NeliHook("c", connection=conn, poll=1.0)  # type: ignore[call-arg]

@@ -197,7 +197,7 @@ def _kafka_connection(conn_id: str, extras: dict[str, Any]) -> dict[str, Any]:
 
 
 def settings_from_connection(
-    conn: Connection, overrides: SettingOverrides | Mapping[str, Any] | None = None,
+    conn: Connection, **overrides: Unpack[SettingOverrides],
 ) -> NeliConnectionSettings:
     """Read the NELI settings of a ``neli`` or ``kafka`` connection; ConfigError says what to fix.
 
@@ -206,7 +206,7 @@ def settings_from_connection(
     ``[neli] deployment`` / ``[neli] namespace`` Airflow options. There is no default
     namespace: without one the connection is refused.
     """
-    given = dict(overrides or {})
+    given: dict[str, Any] = dict(overrides)
     conn_id = conn.conn_id or "<unnamed>"
     conn_type = (conn.conn_type or "").lower()
     extras = _extras(conn)
@@ -318,7 +318,7 @@ class NeliHook(BaseHook):
         """The connection's NELI settings (read once, cached)."""
         if self._settings is None:
             conn = self._connection or self._get_neli_connection()
-            self._settings = settings_from_connection(conn, self._overrides)
+            self._settings = settings_from_connection(conn, **self._overrides)
             logger.debug("NELI settings: %s", self._settings.describe())
         return self._settings
 
