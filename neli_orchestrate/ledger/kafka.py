@@ -124,7 +124,7 @@ class KafkaLedgerConfig:
     #: broker's producer epoch is the fence, so a newer leader's makes the kept producer's
     #: commit fail) and the replay consumer's assignment (the next replay continues where the
     #: last stopped). False: a new producer, fenced, and a new assignment for every claim.
-    #: See docs/internals/latency.md.
+    #: See docs/internals/performance.md, "Across regions".
     keep_clients: bool = True
 
     def __post_init__(self) -> None:
