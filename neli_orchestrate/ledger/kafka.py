@@ -235,6 +235,10 @@ _END_RETRY = 0.1
 #: transaction holding it back (once, as a warning).
 _STUCK_WARNING = 2.0
 
+#: Seconds a released producer may wait for the role's next claim before it is dropped
+#: (the next claim then fences anew).
+_KEEP_AT_MOST = 600.0
+
 #: How long the broker holds the replay consumer's fetch when there is nothing new to read.
 #: The consumer stays assigned between replays (KafkaLedger._keep_assigned), so this is its
 #: idle rate too: about two fetches a second, and a record committed meanwhile is fetched at
@@ -271,7 +275,7 @@ class KafkaLedger:
         self._prepared: dict[str, Future[Any]] = {}
         #: Healthy producers released by a claim, by role, with the highest token of the role
         #: they had seen (see resume()); each is checked out by one writer at a time.
-        self._kept: dict[str, tuple[Any, int]] = {}
+        self._kept: dict[str, tuple[Any, int, float]] = {}
         #: (partition, position) the replay consumer stays assigned at between replays.
         self._assigned: tuple[int, int] | None = None
         #: Clocks of the replay's deadlines and waits (tests inject fakes).
@@ -505,7 +509,12 @@ class KafkaLedger:
             kept = self._kept.pop(role, None) if self.config.keep_clients else None
         if kept is None:
             return self.begin(role)
-        producer, seen = kept
+        producer, seen, kept_at = kept
+        if self._monotonic() - kept_at > _KEEP_AT_MOST:
+            # Long idle: the broker may have expired the transactional id (7 days by
+            # default) or moved its coordinator; a new fence costs little by comparison.
+            _close_quietly(producer)
+            return self.begin(role)
         logger.debug("resumed the ledger writer of role %r (fenced at an earlier claim)", role)
         return KafkaLedgerWriter(self, role, partition, producer, seen=seen)
 
@@ -514,7 +523,7 @@ class KafkaLedger:
         with self._lock:
             other = None if self._closed else self._kept.pop(role, None)
             if not self._closed and other is None:
-                self._kept[role] = (producer, seen)
+                self._kept[role] = (producer, seen, self._monotonic())
                 return
         # Closed, or two released producers of one role: which was fenced last is not
         # known here, so neither is kept.
@@ -909,7 +918,7 @@ class KafkaLedger:
                 if future.done() and future.exception() is None:
                     _close_quietly(future.result())
             kept, self._kept = list(self._kept.values()), {}
-            for producer, _ in kept:
+            for producer, _, _ in kept:
                 _close_quietly(producer)
             self._assigned = None
             if self._consumer is not None:

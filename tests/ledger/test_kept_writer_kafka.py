@@ -136,3 +136,19 @@ def test_broken_variant_without_a_shared_transactional_id_the_zombie_commits(
     claim_with(zombie, "2013-01-02")  # no FencedError: nothing fenced it
     zombie.close()
     assert "2013-01-02" in unfenced.replay(ROLE).records
+
+
+def test_a_producer_kept_too_long_is_dropped_and_the_next_claim_fences_anew(
+    kafka_broker: str, ledgers: list[KafkaLedger],
+) -> None:
+    topic = f"ledger.{uuid.uuid4().hex[:10]}"
+    us = open_ledger(ledgers, kafka_broker, topic)
+    first = us.resume(ROLE)
+    one = claim_with(first, "2013-01-01")
+    first.release()
+    later = time.monotonic() + 3600  # an hour idle (the broker may have expired the id)
+    us._monotonic = lambda: later
+    fresh = us.resume(ROLE)
+    assert not fresh.reused
+    assert claim_with(fresh, "2013-01-02").token > one.token
+    fresh.close()
