@@ -41,6 +41,10 @@ at the run; then the fault:
 - ``txn-pause``: the moment the job ends (the runner is about to commit ``COMPLETED`` in a
   ledger transaction), SIGSTOP that node (the transaction coordinator) for ``--hold`` seconds.
 
+A surviving region's deployment whose runner fails (any exit status but 0: a crash, a fence) is
+started again, at most three times a trial, as Airflow's task retry or systemd's
+``Restart=on-failure`` would; every restart is in the trial's JSON and counted in the table.
+
 A sampler reads /proc every 10 ms for every process of the work (``integration/chaos/hold.py``'s
 ``Sampler``); the trial's history (the ledger's committed records, one ``process`` event per
 job process, the fault) goes to ``<fault>-<n>.history.jsonl`` and is checked by the history
@@ -88,6 +92,8 @@ REGIONS = ("eu", "us", "ap")
 #: 10.213.<index>.0/24 per namespace (the network-cut scenario uses 1-3).
 INDEX = {name: 31 + i for i, name in enumerate(REGIONS)}
 ROLE = "job"
+#: Restarts of a failed deployment per region and trial (an orchestrator's retries).
+MAX_RESTARTS = 3
 COORDINATOR_TOPICS = ("__consumer_offsets", "__transaction_state")
 #: One way, plus a uniform jitter of up to as much again: a round trip of 30-60 ms.
 ONE_WAY = 0.015
@@ -339,6 +345,7 @@ class RegionTrial:
     sampler: Sampler
     runners: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     killed: set[str] = field(default_factory=set)
+    restarts: list[dict[str, Any]] = field(default_factory=list)
 
     def start(self, region: str) -> None:
         env = {**os.environ, "NELI_DEPLOYMENT": region, "NELI_NAMESPACE": self.namespace,
@@ -349,8 +356,23 @@ class RegionTrial:
                sys.executable, "-c", JOB, str(self.sampler.log), str(self.job_seconds)]
         self.runners[region] = subprocess.Popen(
             _in_netns(self.world.netns[region], cmd), env=env, text=True,
-            stdout=open(self.root / f"{region}.stdout", "w"),  # noqa: SIM115
-            stderr=open(self.root / f"{region}.stderr", "w"))  # noqa: SIM115
+            stdout=open(self.root / f"{region}.stdout", "a"),  # noqa: SIM115
+            stderr=open(self.root / f"{region}.stderr", "a"))  # noqa: SIM115
+
+    def revive(self) -> None:
+        """Start a surviving region's deployment again when its runner failed (a crash, a
+        fence), as Airflow's task retry or systemd's ``Restart=on-failure`` would; at most
+        MAX_RESTARTS a region, each one reported in the trial's JSON."""
+        for region, proc in list(self.runners.items()):
+            if region in self.killed or proc.poll() in (None, 0):
+                continue
+            if sum(1 for r in self.restarts if r["region"] == region) >= MAX_RESTARTS:
+                continue
+            self.restarts.append({"region": region, "status": proc.returncode,
+                                  "at": round(time.time(), 3)})
+            logger.warning("%s's runner exited with %s: starting it again", region,
+                           proc.returncode)
+            self.start(region)
 
     def wait(self, what: str, timeout: float, condition: Any, every: float = 0.02) -> Any:
         deadline = time.monotonic() + timeout
@@ -361,8 +383,14 @@ class RegionTrial:
             time.sleep(every)
         raise HarnessError(f"timed out after {timeout:g} s waiting for {what}")
 
+    def survivors_done(self) -> bool:
+        self.revive()
+        return all(proc.poll() is not None for region, proc in self.runners.items()
+                   if region not in self.killed)
+
     def completed(self) -> list[Any] | None:
         """The ledger once it holds a COMPLETED record; None before, or while unreadable."""
+        self.revive()
         try:
             records = self.ledger()
         except Exception as exc:  # noqa: BLE001 - a broker fault: read again
@@ -430,9 +458,7 @@ def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
         others = [p for p in sampler.seen.values() if p.token != first.token]
         if others:
             takeover = round(min(p.start for p in others) - at, 3)
-        trial.wait("every surviving deployment's exit", 120, lambda: all(
-            proc.poll() is not None for r, proc in trial.runners.items()
-            if r not in trial.killed))
+        trial.wait("every surviving deployment's exit", 120, trial.survivors_done)
         injected["exit_status"] = {r: p.returncode for r, p in trial.runners.items()}
     except Exception as exc:  # noqa: BLE001 - a failed trial is a result, not a crash
         error = f"{type(exc).__name__}: {exc}"
@@ -464,6 +490,7 @@ def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
         "takeover_seconds": takeover, "completed_after_seconds": completed_after,
         "tokens": sorted({p.token for p in sampler.seen.values()}),
         "job_processes": len(sampler.seen), "fault": injected,
+        "restarts": trial.restarts if trial is not None else [],
         "seconds": round(time.time() - began, 1),
     }
     (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
@@ -549,6 +576,7 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "duplicates": sum(r["duplicates"] for r in rows),
             "lost": sum(r["lost"] for r in rows),
             "takeovers": len(takeovers),
+            "restarts": sum(len(r["restarts"]) for r in rows),
             "takeover_p50": percentile(takeovers, 0.5),
             "takeover_p99": percentile(takeovers, 0.99),
             "completed_p50": percentile(completions, 0.5),
@@ -561,13 +589,14 @@ def markdown(table: dict[str, dict[str, Any]]) -> str:
     def num(v: Any) -> str:
         return "–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
 
-    lines = ["| fault | trials | with violations | duplicates | lost | errors | take-overs | "
-             "take-over p50 / p99 (s) | fault → COMPLETED p50 / p99 (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| fault | trials | with violations | duplicates | lost | errors | "
+             "deployments restarted | take-overs | take-over p50 / p99 (s) | "
+             "fault → COMPLETED p50 / p99 (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for fault, row in table.items():
         lines.append(
             f"| {fault} | {row['trials']} | {row['with_violations']} | {row['duplicates']} | "
-            f"{row['lost']} | {row['errors']} | {row['takeovers']} | "
+            f"{row['lost']} | {row['errors']} | {row['restarts']} | {row['takeovers']} | "
             f"{num(row['takeover_p50'])} / {num(row['takeover_p99'])} | "
             f"{num(row['completed_p50'])} / {num(row['completed_p99'])} |")
     return "\n".join(lines)

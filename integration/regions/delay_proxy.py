@@ -15,7 +15,9 @@ scenario binds the host end of a network namespace's veth pair, so other namespa
 
 ``cut()`` is a black hole, not a refusal: from then on nothing read from either side of any
 connection (open or new) is forwarded, and no connection is closed, so a client learns of the
-partition only through its own timeouts, as with a lost route. ``heal()`` forwards again on
+partition only through its own timeouts, as with a lost route (a connection opened during the
+cut is accepted and then silent: no upstream connection is tried, so a dead upstream shows no
+refusal either). ``heal()`` forwards again on
 new connections and closes every connection that was open during the cut (bytes were dropped
 from its streams), as a client's TCP stack would after a long partition. ``drop(peer,
 direction)`` is a one-way partition of the connections whose client has address ``peer``:
@@ -85,6 +87,8 @@ class DelayProxy:
         #: connections (client writer, upstream writer) open during a cut: closed on heal
         self._poisoned: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self._open: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        #: clients that connected during a cut (no upstream connection): closed on heal
+        self._swallowed: set[asyncio.StreamWriter] = set()
 
     # -- control (any thread) ----------------------------------------------------------------
 
@@ -170,11 +174,16 @@ class DelayProxy:
         self._cut = False
         self._drops.clear()
         poisoned, self._poisoned = self._poisoned, []
+        for writer in list(self._swallowed):
+            writer.close()
         for pair in poisoned:
             for writer in pair:
                 writer.close()
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._cut:  # a black hole: no refusal, no close, whether upstream lives or not
+            await self._swallow(client_r, client_w)
+            return
         try:
             up_r, up_w = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -197,6 +206,21 @@ class DelayProxy:
             for writer in (client_w, up_w):
                 self._writers.discard(writer)
                 writer.close()
+
+    async def _swallow(self, client_r: asyncio.StreamReader,
+                       client_w: asyncio.StreamWriter) -> None:
+        """Read and drop what a client sends during a cut; the connection is closed on heal."""
+        self._writers.add(client_w)
+        self._swallowed.add(client_w)
+        try:
+            while await client_r.read(65536):
+                pass
+        except ConnectionError:
+            pass
+        finally:
+            self._swallowed.discard(client_w)
+            self._writers.discard(client_w)
+            client_w.close()
 
     def _count(self, api_key: int) -> None:
         with self._lock:
