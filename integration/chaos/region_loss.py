@@ -585,20 +585,28 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return table
 
 
-def markdown(table: dict[str, dict[str, Any]]) -> str:
-    def num(v: Any) -> str:
-        return "–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+def _num(v: Any) -> str:
+    return "–" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
 
-    lines = ["| fault | trials | with violations | duplicates | lost | errors | "
-             "deployments restarted | take-overs | take-over p50 / p99 (s) | "
-             "fault → COMPLETED p50 / p99 (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for fault, row in table.items():
-        lines.append(
-            f"| {fault} | {row['trials']} | {row['with_violations']} | {row['duplicates']} | "
-            f"{row['lost']} | {row['errors']} | {row['restarts']} | {row['takeovers']} | "
-            f"{num(row['takeover_p50'])} / {num(row['takeover_p99'])} | "
-            f"{num(row['completed_p50'])} / {num(row['completed_p99'])} |")
+
+def _pair(row: dict[str, Any], name: str) -> str:
+    return f"{_num(row[name + '_p50'])} / {_num(row[name + '_p99'])}"
+
+
+#: The summary table's columns: (header, the cell of a fault's row).
+_COLUMNS: tuple[tuple[str, Any], ...] = (
+    *((name.replace("_", " "), lambda row, key=name: _num(row[key])) for name in (
+        "trials", "with_violations", "duplicates", "lost", "errors", "restarts", "takeovers")),
+    ("take-over p50 / p99 (s)", lambda row: _pair(row, "takeover")),
+    ("fault → COMPLETED p50 / p99 (s)", lambda row: _pair(row, "completed")),
+)
+
+
+def markdown(table: dict[str, dict[str, Any]]) -> str:
+    lines = ["| fault | " + " | ".join(head for head, _ in _COLUMNS) + " |",
+             "|---" * (len(_COLUMNS) + 1) + "|"]
+    lines += [f"| {fault} | " + " | ".join(cell(row) for _, cell in _COLUMNS) + " |"
+              for fault, row in table.items()]
     return "\n".join(lines)
 
 
