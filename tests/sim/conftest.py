@@ -1,4 +1,6 @@
-"""The simulation's tests are pure Python on one core: the release matrix's nested runs
+"""The simulation lives in the repository, not the package: import it as ``integration.sim``.
+
+Its tests are pure Python on one core: the release matrix's nested runs
 (``tests/compat/compat_runs.py``) start with them and use the other core, so the test command
 does not wait on the matrix alone."""
 
@@ -9,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "compat"))
 import compat_runs  # noqa: E402
 
 
