@@ -9,6 +9,22 @@ import pytest
 
 pytest_plugins = ["neli_orchestrate.testing.pytest_plugin"]
 
+SIM = "tests/sim/"
+MATRIX = "tests/compat/test_release_matrix.py::"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The release matrix's nested runs start with the simulation's tests (tests/sim/conftest.py,
+    # pure Python) and run beside them; its tests, which wait for those runs, come right after.
+    matrix = [item for item in items if item.nodeid.startswith(MATRIX)]
+    sim = [i for i, item in enumerate(items) if item.nodeid.startswith(SIM)]
+    if not matrix or not sim:
+        return
+    after = items[sim[-1]]
+    rest = [item for item in items if not item.nodeid.startswith(MATRIX)]
+    at = rest.index(after) + 1
+    items[:] = rest[:at] + matrix + rest[at:]
+
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # In CI a skipped test hides a missing component (Kafka, Spark, Airflow): fail the run.

@@ -29,6 +29,7 @@ The goal of issue #31: at most 4 round trips + 20 ms. Writes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -64,34 +65,49 @@ def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
     return slope, my - slope * mx
 
 
-def run(rtts: list[float], trials: int, profile: str) -> dict[str, Any]:
+#: The ledger clients of a claim (``KafkaLedgerConfig.keep_clients``): ``kept`` resumes the
+#: role's producer and the replay consumer's assignment from the last claim; ``fresh`` creates
+#: and fences a new producer and assigns anew for every claim (the path before issue #31).
+PATHS = {"kept": True, "fresh": False}
+
+
+def run(rtts: list[float], trials: int, profile: str,
+        paths: list[str] | None = None) -> dict[str, Any]:
     from neli_orchestrate import NeliConfig, Outcome, Singleton, SingletonConfig
+    from neli_orchestrate.ledger.kafka import KafkaLedger
     from neli_orchestrate.testing.local_kafka import free_port
 
+    paths = paths or list(PATHS)
+    cells = [(path, rtt) for path in paths for rtt in rtts]
     remote_port = free_port()
     with DelayProxy(("127.0.0.1", remote_port)) as proxy:
         kafka = broker_behind_proxies({"remote": proxy.port}, {"remote": remote_port}).start()
         try:
             bootstrap = f"127.0.0.1:{proxy.port}"
             singletons = {}
-            for rtt in rtts:
+            for cell in cells:
+                path, rtt = cell
                 neli = NeliConfig(bootstrap_servers=bootstrap, profile=profile)
-                singletons[rtt] = Singleton(SingletonConfig(
-                    neli=neli, namespace=f"lat{uuid.uuid4().hex[:6]}", deployment="far"))
+                config = SingletonConfig(neli=neli, namespace=f"lat{uuid.uuid4().hex[:6]}",
+                                         deployment="far")
+                ledger = KafkaLedger(dataclasses.replace(config.ledger_config(),
+                                                         keep_clients=PATHS[path]))
+                singletons[cell] = Singleton(config, ledger=ledger)
                 proxy.set_delay(rtt / 2000)
-                singletons[rtt].reserve("warm-up", "0")  # topics, coordinators, connections
-            samples: dict[float, list[float]] = {rtt: [] for rtt in rtts}
-            requests: dict[float, Counter[int]] = {rtt: Counter() for rtt in rtts}
-            order = list(rtts)
+                singletons[cell].reserve("warm-up", "0")  # topics, coordinators, connections
+                singletons[cell].reserve("measured", "warm")  # the kept path's first fence
+            samples: dict[Any, list[float]] = {cell: [] for cell in cells}
+            requests: dict[Any, Counter[int]] = {cell: Counter() for cell in cells}
+            order = list(cells)
             for i in range(trials):
                 random.shuffle(order)
-                for rtt in order:
-                    proxy.set_delay(rtt / 2000)
+                for cell in order:
+                    proxy.set_delay(cell[1] / 2000)
                     proxy.reset_counts()
                     started = time.perf_counter()
-                    reservation = singletons[rtt].reserve("measured", f"k{i}")
-                    samples[rtt].append((time.perf_counter() - started) * 1000)
-                    requests[rtt].update(proxy.requests)
+                    reservation = singletons[cell].reserve("measured", f"k{i}")
+                    samples[cell].append((time.perf_counter() - started) * 1000)
+                    requests[cell].update(proxy.requests)
                     if reservation.outcome is not Outcome.RUN:
                         raise RuntimeError(f"uncontended reserve answered "
                                            f"{reservation.outcome}: {reservation.reason}")
@@ -99,22 +115,26 @@ def run(rtts: list[float], trials: int, profile: str) -> dict[str, Any]:
                 singleton.close()
         finally:
             kafka.stop()
-    rows = {}
-    for rtt in rtts:
-        per = {KAFKA_API_NAMES.get(k, str(k)): round(v / trials, 1)
-               for k, v in sorted(requests[rtt].items())}
-        rows[str(rtt)] = {
-            "rtt_ms": rtt, "trials": trials,
-            "p50_ms": round(statistics.median(samples[rtt]), 1),
-            "p99_ms": round(percentile(samples[rtt], 0.99), 1),
-            "min_ms": round(min(samples[rtt]), 1),
-            "requests_per_reserve": round(sum(requests[rtt].values()) / trials, 1),
-            "requests_by_api": per,
-            "samples_ms": [round(s, 1) for s in samples[rtt]],
-        }
-    slope, intercept = _slope([(rtt, rows[str(rtt)]["p50_ms"]) for rtt in rtts])
-    return {"profile": profile, "rows": rows, "round_trips": round(slope, 2),
-            "intercept_ms": round(intercept, 1)}
+    result: dict[str, Any] = {"profile": profile, "paths": {}}
+    for path in paths:
+        rows = {}
+        for rtt in rtts:
+            cell = (path, rtt)
+            per = {KAFKA_API_NAMES.get(k, str(k)): round(v / trials, 1)
+                   for k, v in sorted(requests[cell].items())}
+            rows[str(rtt)] = {
+                "rtt_ms": rtt, "trials": trials,
+                "p50_ms": round(statistics.median(samples[cell]), 1),
+                "p99_ms": round(percentile(samples[cell], 0.99), 1),
+                "min_ms": round(min(samples[cell]), 1),
+                "requests_per_reserve": round(sum(requests[cell].values()) / trials, 1),
+                "requests_by_api": per,
+                "samples_ms": [round(s, 1) for s in samples[cell]],
+            }
+        slope, intercept = _slope([(rtt, rows[str(rtt)]["p50_ms"]) for rtt in rtts])
+        result["paths"][path] = {"rows": rows, "round_trips": round(slope, 2),
+                                 "intercept_ms": round(intercept, 1)}
+    return result
 
 
 def table(result: dict[str, Any], command: str, load: str) -> str:
@@ -123,25 +143,32 @@ def table(result: dict[str, Any], command: str, load: str) -> str:
         "",
         f"`{command}`; profile `{result['profile']}`; load average {load} on "
         f"{os.cpu_count()} cores. The deployment reaches the broker through a delaying TCP "
-        "proxy (half the round trip each way).",
+        "proxy (half the round trip each way). Ledger clients: `kept` resumes the role's "
+        "producer and the replay consumer's assignment from the last claim; `fresh` creates "
+        "and fences a new producer for every claim (`KafkaLedgerConfig.keep_clients=False`, "
+        "the path before).",
         "",
-        "| round trip ms | trials | reserve p50 ms | p99 ms | min ms | requests per reserve |",
-        "|---|---|---|---|---|---|",
+        "| ledger clients | round trip ms | trials | reserve p50 ms | p99 ms | min ms |"
+        " requests per reserve |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for row in result["rows"].values():
-        lines.append(f"| {row['rtt_ms']:g} | {row['trials']} | {row['p50_ms']} | "
-                     f"{row['p99_ms']} | {row['min_ms']} | {row['requests_per_reserve']} |")
-    first = next(iter(result["rows"].values()))
-    lines += [
-        "",
-        f"Round trips on the critical path (slope of p50 against the round trip): "
-        f"**{result['round_trips']}**, intercept {result['intercept_ms']} ms; the goal is at "
-        "most 4 round trips + 20 ms.",
-        "",
-        f"Requests per reserve by API at {first['rtt_ms']:g} ms (all clients, background "
-        "heartbeats and fetches included): "
-        + ", ".join(f"{k} {v}" for k, v in first["requests_by_api"].items()) + ".",
-    ]
+    for path, measured in result["paths"].items():
+        for row in measured["rows"].values():
+            lines.append(f"| {path} | {row['rtt_ms']:g} | {row['trials']} | {row['p50_ms']} | "
+                         f"{row['p99_ms']} | {row['min_ms']} | {row['requests_per_reserve']} |")
+    lines += ["", "Round trips on the critical path (slope of p50 against the round trip); the "
+              "goal is at most 4 round trips + 20 ms:", ""]
+    for path, measured in result["paths"].items():
+        lines.append(f"- `{path}`: **{measured['round_trips']}**, intercept "
+                     f"{measured['intercept_ms']} ms")
+    for path, measured in result["paths"].items():
+        first = next(iter(measured["rows"].values()))
+        lines += [
+            "",
+            f"Requests per reserve by API, `{path}`, at {first['rtt_ms']:g} ms (all clients, "
+            "background heartbeats and fetches included): "
+            + ", ".join(f"{k} {v}" for k, v in first["requests_by_api"].items()) + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -151,10 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt", type=float, action="append",
                         help="round trip in ms (repeatable; default 0, 30, 60, 120)")
     parser.add_argument("--profile", default="default", help="timing profile (default: default)")
+    parser.add_argument("--path", choices=sorted(PATHS), action="append",
+                        help="ledger clients to measure (repeatable; default: kept and fresh,"
+                             " side by side)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     rtts = args.rtt or [0.0, 30.0, 60.0, 120.0]
-    result = run(rtts, args.trials, args.profile)
+    result = run(rtts, args.trials, args.profile, args.path)
     load = f"{os.getloadavg()[0]:.1f}"
     result.update(machine=platform.machine(), cores=os.cpu_count(), load_average=load)
     command = "python integration/bench/latency.py " + " ".join(argv or sys.argv[1:])

@@ -8,12 +8,21 @@ Usage::
         proxy.requests          # Kafka requests seen from clients, by API key
         proxy.cut()             # a network partition for this proxy's clients only
         proxy.heal()            # and its end
+        proxy.drop("10.213.31.2", "up")  # one way: what that peer sends is dropped
+
+``host`` is the address the proxy listens on (loopback unless given: the region-loss chaos
+scenario binds the host end of a network namespace's veth pair, so other namespaces reach it).
 
 ``cut()`` is a black hole, not a refusal: from then on nothing read from either side of any
 connection (open or new) is forwarded, and no connection is closed, so a client learns of the
-partition only through its own timeouts, as with a lost route. ``heal()`` forwards again on
+partition only through its own timeouts, as with a lost route (a connection opened during the
+cut is accepted and then silent: no upstream connection is tried, so a dead upstream shows no
+refusal either). ``heal()`` forwards again on
 new connections and closes every connection that was open during the cut (bytes were dropped
-from its streams), as a client's TCP stack would after a long partition.
+from its streams), as a client's TCP stack would after a long partition. ``drop(peer,
+direction)`` is a one-way partition of the connections whose client has address ``peer``:
+``"up"`` drops what that client sends, ``"down"`` what it is sent; the other direction keeps
+flowing. ``heal()`` ends it the same way.
 
 Every chunk read from one side is written to the other ``one_way`` (plus a uniform jitter of at
 most ``jitter``) seconds after it was read, in order: each direction is one FIFO, so a chunk
@@ -55,13 +64,14 @@ class DelayProxy:
     """Forward ``127.0.0.1:port`` to ``upstream`` with a one-way delay in each direction."""
 
     def __init__(self, upstream: tuple[str, int], *, one_way: float = 0.0, jitter: float = 0.0,
-                 port: int = 0, seed: int | None = None) -> None:
+                 port: int = 0, seed: int | None = None, host: str = "127.0.0.1") -> None:
         if one_way < 0 or jitter < 0:
             raise ValueError(f"delays must be >= 0, not one_way={one_way} jitter={jitter}")
         self.upstream = upstream
         self.one_way = one_way
         self.jitter = jitter
         self._want_port = port
+        self.host = host
         self.port = 0
         self._random = random.Random(seed)
         self._lock = threading.Lock()
@@ -72,9 +82,13 @@ class DelayProxy:
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._cut = False
+        #: one-way partitions: (client address, "up" or "down")
+        self._drops: set[tuple[str, str]] = set()
         #: connections (client writer, upstream writer) open during a cut: closed on heal
         self._poisoned: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self._open: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        #: clients that connected during a cut (no upstream connection): closed on heal
+        self._swallowed: set[asyncio.StreamWriter] = set()
 
     # -- control (any thread) ----------------------------------------------------------------
 
@@ -108,8 +122,16 @@ class DelayProxy:
         self._cut = True
         asyncio.run_coroutine_threadsafe(self._poison_open(), self._loop).result(timeout=10)
 
+    def drop(self, peer: str, direction: str) -> None:
+        """A one-way partition: from now on, drop what clients at ``peer`` send (``"up"``) or
+        are sent (``"down"``), on every connection, open or new, until :meth:`heal`."""
+        if direction not in ("up", "down"):
+            raise ValueError(f"direction must be 'up' or 'down', not {direction!r}")
+        self._drops.add((peer, direction))
+        asyncio.run_coroutine_threadsafe(self._poison_open(peer), self._loop).result(timeout=10)
+
     def heal(self) -> None:
-        """Forward again; close the connections the cut broke."""
+        """Forward again; close the connections the cut or a one-way drop broke."""
         asyncio.run_coroutine_threadsafe(self._heal(), self._loop).result(timeout=10)
 
     @property
@@ -131,7 +153,7 @@ class DelayProxy:
     # -- the loop ------------------------------------------------------------------------------
 
     async def _listen(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self._want_port)
+        self._server = await asyncio.start_server(self._accept, self.host, self._want_port)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _close(self) -> None:
@@ -144,17 +166,24 @@ class DelayProxy:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _poison_open(self) -> None:
-        self._poisoned.extend(self._open)
+    async def _poison_open(self, peer: str | None = None) -> None:
+        self._poisoned.extend(pair for pair in self._open
+                              if peer is None or _peer(pair[0]) == peer)
 
     async def _heal(self) -> None:
         self._cut = False
+        self._drops.clear()
         poisoned, self._poisoned = self._poisoned, []
+        for writer in list(self._swallowed):
+            writer.close()
         for pair in poisoned:
             for writer in pair:
                 writer.close()
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._cut:  # a black hole: no refusal, no close, whether upstream lives or not
+            await self._swallow(client_r, client_w)
+            return
         try:
             up_r, up_w = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -163,12 +192,13 @@ class DelayProxy:
         self._writers.update((client_w, up_w))
         pair = (client_w, up_w)
         self._open.add(pair)
-        if self._cut:
+        peer = _peer(client_w)
+        if self._cut or any(p == peer for p, _ in self._drops):
             self._poisoned.append(pair)
         frames = _FrameCounter(self._count)
         try:
-            await asyncio.gather(self._pump(client_r, up_w, frames.feed),
-                                 self._pump(up_r, client_w, None))
+            await asyncio.gather(self._pump(client_r, up_w, frames.feed, (peer, "up")),
+                                 self._pump(up_r, client_w, None, (peer, "down")))
         except asyncio.CancelledError:  # the proxy stops: this connection ends with it
             pass
         finally:
@@ -177,12 +207,27 @@ class DelayProxy:
                 self._writers.discard(writer)
                 writer.close()
 
+    async def _swallow(self, client_r: asyncio.StreamReader,
+                       client_w: asyncio.StreamWriter) -> None:
+        """Read and drop what a client sends during a cut; the connection is closed on heal."""
+        self._writers.add(client_w)
+        self._swallowed.add(client_w)
+        try:
+            while await client_r.read(65536):
+                pass
+        except ConnectionError:
+            pass
+        finally:
+            self._swallowed.discard(client_w)
+            self._writers.discard(client_w)
+            client_w.close()
+
     def _count(self, api_key: int) -> None:
         with self._lock:
             self._counts[api_key] += 1
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    inspect: Any) -> None:
+                    inspect: Any, way: tuple[str, str] = ("", "")) -> None:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def deliver() -> None:
@@ -204,7 +249,7 @@ class DelayProxy:
         try:
             while True:
                 data = await reader.read(65536)
-                if self._cut:  # a black hole: dropped, the stream is broken until heal
+                if self._cut or way in self._drops:  # dropped: broken until heal
                     if not data:
                         break
                     continue
@@ -220,6 +265,11 @@ class DelayProxy:
         except (ConnectionError, asyncio.CancelledError):
             sender.cancel()
             raise
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    """The address of a connection's client."""
+    return str((writer.get_extra_info("peername") or ("",))[0])
 
 
 class _FrameCounter:

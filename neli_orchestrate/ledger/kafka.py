@@ -119,6 +119,13 @@ class KafkaLedgerConfig:
     #: Directory of the per-host replay cache files (one per role; private to the user). None:
     #: ``$XDG_CACHE_HOME/neli-orchestrate/ledger``. An empty string keeps the cache in memory.
     replay_cache_dir: str | None = None
+    #: Keep clients from one claim to the next in this process: a role's transactional
+    #: producer (:meth:`KafkaLedger.resume`, no new ``init_transactions()`` per claim: the
+    #: broker's producer epoch is the fence, so a newer leader's makes the kept producer's
+    #: commit fail) and the replay consumer's assignment (the next replay continues where the
+    #: last stopped). False: a new producer, fenced, and a new assignment for every claim.
+    #: See docs/internals/performance.md, "Across regions".
+    keep_clients: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
@@ -228,6 +235,16 @@ _END_RETRY = 0.1
 #: transaction holding it back (once, as a warning).
 _STUCK_WARNING = 2.0
 
+#: Seconds a released producer may wait for the role's next claim before it is dropped
+#: (the next claim then fences anew).
+_KEEP_AT_MOST = 600.0
+
+#: How long the broker holds the replay consumer's fetch when there is nothing new to read.
+#: The consumer stays assigned between replays (KafkaLedger._keep_assigned), so this is its
+#: idle rate too: about two fetches a second, and a record committed meanwhile is fetched at
+#: once (the broker answers a held fetch as soon as data arrives).
+_FETCH_WAIT_MS = 500
+
 
 def _kafka_error(exc: BaseException) -> Any:
     """The KafkaError inside a KafkaException (or None)."""
@@ -256,6 +273,11 @@ class KafkaLedger:
         self._delete_retention: float | None = None
         #: Producers being created and connected before leading, by role (see prepare()).
         self._prepared: dict[str, Future[Any]] = {}
+        #: Healthy producers released by a claim, by role, with the highest token of the role
+        #: they had seen (see resume()); each is checked out by one writer at a time.
+        self._kept: dict[str, tuple[Any, int, float]] = {}
+        #: (partition, position) the replay consumer stays assigned at between replays.
+        self._assigned: tuple[int, int] | None = None
         #: Clocks of the replay's deadlines and waits (tests inject fakes).
         self._monotonic = time.monotonic
         self._sleep = time.sleep
@@ -467,6 +489,51 @@ class KafkaLedger:
         """Create ``role``'s transactional producer and ``init_transactions()`` (fences earlier)."""
         with self._lock:
             partition = role_partition(role, self._ensure_ready())
+            kept = self._kept.pop(role, None)
+        if kept is not None:
+            _close_quietly(kept[0])  # the init below fences it anyway
+        return KafkaLedgerWriter(self, role, partition, self._fenced_producer(role))
+
+    def resume(self, role: str) -> KafkaLedgerWriter:
+        """A writer on the producer an earlier claim of ``role`` in this process released
+        (:meth:`KafkaLedgerWriter.release`), without a new ``init_transactions()``; else
+        :meth:`begin`.
+
+        Its fence is the earlier ``init_transactions()``: a newer leader's fences it at the
+        broker, so its commit fails with :class:`FencedError` (:attr:`KafkaLedgerWriter.reused`
+        tells the caller to :meth:`begin` and decide again). Its :meth:`~KafkaLedgerWriter.replay`
+        fences again at once when the role holds a token it did not see (another writer).
+        """
+        with self._lock:
+            partition = role_partition(role, self._ensure_ready())
+            kept = self._kept.pop(role, None) if self.config.keep_clients else None
+        if kept is None:
+            return self.begin(role)
+        producer, seen, kept_at = kept
+        if self._monotonic() - kept_at > _KEEP_AT_MOST:
+            # Long idle: the broker may have expired the transactional id (7 days by
+            # default) or moved its coordinator; a new fence costs little by comparison.
+            _close_quietly(producer)
+            return self.begin(role)
+        logger.debug("resumed the ledger writer of role %r (fenced at an earlier claim)", role)
+        return KafkaLedgerWriter(self, role, partition, producer, seen=seen)
+
+    def _keep(self, role: str, producer: Any, seen: int) -> None:
+        """Take back a released writer's producer for the role's next claim."""
+        with self._lock:
+            other = None if self._closed else self._kept.pop(role, None)
+            if not self._closed and other is None:
+                self._kept[role] = (producer, seen, self._monotonic())
+                return
+        # Closed, or two released producers of one role: which was fenced last is not
+        # known here, so neither is kept.
+        _close_quietly(producer)
+        if other is not None:
+            _close_quietly(other[0])
+
+    def _fenced_producer(self, role: str) -> Any:
+        """A producer of ``role`` after ``init_transactions()``: every earlier one is fenced."""
+        with self._lock:
             prepared = self._prepared.pop(role, None)
         ck = _kafka()
         producer = None
@@ -493,8 +560,8 @@ class KafkaLedger:
             raise KafkaUnavailableError(
                 f"init_transactions for role {role!r} failed: {exc}{hint}"
             ) from exc
-        logger.debug("began ledger writer for role %r (partition %d)", role, partition)
-        return KafkaLedgerWriter(self, role, partition, producer)
+        logger.debug("began ledger writer for role %r", role)
+        return producer
 
     def _producer(self, role: str) -> Any:
         return new_producer(self._client_config(required={
@@ -660,11 +727,16 @@ class KafkaLedger:
         ck = _kafka()
         partition = tp.partition
         consumer = self._replay_consumer()
-        # An explicit offset rather than OFFSET_BEGINNING saves a ListOffsets round trip;
-        # auto.offset.reset=earliest covers records deleted from the log start.
-        consumer.assign([ck.TopicPartition(self.config.topic, partition, start)])
+        kept, self._assigned = self._assigned, None
+        if kept != (partition, start):
+            # An explicit offset rather than OFFSET_BEGINNING saves a ListOffsets round trip;
+            # auto.offset.reset=earliest covers records deleted from the log start.
+            consumer.assign([ck.TopicPartition(self.config.topic, partition, start)])
+        # else: still assigned where the last replay stopped, so the records written since
+        # are usually fetched already (a fetch waits on the broker until data arrives).
         position = eof = -1
         moved_at, named = self._monotonic(), False
+        done = False
         try:
             while True:
                 # consume() waits for a full batch or the timeout: keep the timeout short.
@@ -701,6 +773,7 @@ class KafkaLedger:
                 except ck.KafkaException as exc:
                     logger.debug("replay of %r: no position yet (%s)", role, exc)
                 if position >= high:
+                    done = True
                     return position
                 now = self._monotonic()
                 if position != before:
@@ -719,7 +792,20 @@ class KafkaLedger:
                         " fences it or its transaction timeout passes"
                     )
         finally:
-            consumer.unassign()
+            self._keep_assigned(consumer, tp, position if done else None)
+
+    def _keep_assigned(self, consumer: Any, tp: Any, position: int | None) -> None:
+        """After a replay: stay assigned at ``position`` if the consumer's own position is
+        exactly there (the next replay of the partition continues with no new assignment),
+        else unassign (a failed replay, or a position taken from an end-of-partition event)."""
+        if position is not None and self.config.keep_clients:
+            try:
+                if consumer.position([tp])[0].offset == position:
+                    self._assigned = (tp.partition, position)
+                    return
+            except _kafka().KafkaException as exc:
+                logger.debug("replay consumer position unknown (%s): unassigning", exc)
+        consumer.unassign()
 
     def _partition_facts(self, partition: int) -> Any:
         """Ask for the topic id and the log start offset at once; answered by ``_facts``."""
@@ -817,7 +903,7 @@ class KafkaLedger:
                 **READER_REQUIRED,
             }, call={
                 "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 10,
+                "fetch.wait.max.ms": _FETCH_WAIT_MS,
                 "fetch.max.bytes": 64 * 1024 * 1024,
                 "max.partition.fetch.bytes": 16 * 1024 * 1024,
             }))
@@ -831,6 +917,10 @@ class KafkaLedger:
             for future in prepared:
                 if future.done() and future.exception() is None:
                     _close_quietly(future.result())
+            kept, self._kept = list(self._kept.values()), {}
+            for producer, _, _ in kept:
+                _close_quietly(producer)
+            self._assigned = None
             if self._consumer is not None:
                 try:
                     self._consumer.close()
@@ -864,13 +954,21 @@ def _close_quietly(producer: Any) -> None:
 class KafkaLedgerWriter:
     """The transactional producer of one role, valid until a newer ``begin`` fences it."""
 
-    def __init__(self, ledger: KafkaLedger, role: str, partition: int, producer: Any) -> None:
+    def __init__(self, ledger: KafkaLedger, role: str, partition: int, producer: Any, *,
+                 seen: int | None = None) -> None:
         self._ledger = ledger
         self._role = role
         self.partition = partition
         self.transactional_id = ledger.config.transactional_id(role)
         self._producer: Any = producer
         self._dead: str | None = None
+        #: Fenced at an earlier claim (KafkaLedger.resume), not by this one.
+        self._reused = seen is not None
+        #: The highest token of the role this producer has seen since its fence (its own
+        #: writes included); None before its first replay.
+        self._seen = seen
+        #: Whether any operation of this writer failed: a producer that erred is never kept.
+        self._erred = False
 
     @property
     def role(self) -> str:
@@ -881,16 +979,52 @@ class KafkaLedgerWriter:
         """True once a write failed because a newer leader's begin fenced this writer."""
         return self._dead == "fenced"
 
+    @property
+    def reused(self) -> bool:
+        """True while this writer's fence is an earlier claim's ``init_transactions()``: a
+        :class:`FencedError` from its write means "begin and decide again", not a lost run."""
+        return self._reused
+
     def replay(self) -> Replay:
-        """Replay the role after this writer's fence; its ``next_token`` may be used for claims."""
+        """Replay the role after this writer's fence; its ``next_token`` may be used for claims.
+
+        A writer resumed from an earlier claim fences again first if the role holds a token
+        it has not seen: another leader wrote since, so its ``init_transactions()`` fenced
+        this producer and a write could only fail.
+        """
         self._check_usable(None)
-        return self._ledger._replay(self._role, fenced=True)
+        try:
+            replay = self._ledger._replay(self._role, fenced=True)
+            if self._reused and replay.max_token != self._seen:
+                logger.info("role %r: another leader wrote since this process's last claim"
+                            " (token %d, last seen %s): fencing again", self._role,
+                            replay.max_token, self._seen)
+                self._refence()
+                replay = self._ledger._replay(self._role, fenced=True)
+        except BaseException:
+            self._erred = True  # never kept: what it read or fenced is not known
+            raise
+        self._seen = replay.max_token
+        return replay
+
+    def _refence(self) -> None:
+        """Drop the kept producer and fence with a new one (``init_transactions()``)."""
+        _close_quietly(self._producer)
+        self._reused = False
+        self._seen = None
+        try:
+            self._producer = self._ledger._fenced_producer(self._role)
+        except BaseException:
+            self._dead = "closed"
+            self._erred = True
+            raise
 
     def write(self, record: LedgerRecord) -> None:
         """Write one record in one committed transaction."""
         if record.role != self._role:
             raise ValueError(f"writer of role {self._role!r} cannot write {record.role!r}")
         self._transaction([(record.key, record.encode())], token=record.token)
+        self._seen = record.token if self._seen is None else max(self._seen, record.token)
 
     def tombstone(self, run_keys: Sequence[str]) -> None:
         """Delete ``run_keys`` (tombstones) in one committed transaction."""
@@ -938,8 +1072,10 @@ class KafkaLedgerWriter:
                         continue  # commit_transaction may be retried after a retriable error
                     raise
         except ck.KafkaException as exc:
+            self._erred = True
             self._fail(exc, token)
         except BufferError as exc:
+            self._erred = True
             self._abort()
             raise KafkaUnavailableError(f"ledger producer queue full: {exc}") from exc
 
@@ -996,3 +1132,18 @@ class KafkaLedgerWriter:
         if self._dead is None:
             self._dead = "closed"
             _close_quietly(self._producer)
+
+    def release(self) -> None:
+        """End this writer, handing a healthy producer back to the ledger for the role's next
+        claim in this process (:meth:`KafkaLedger.resume`); otherwise :meth:`close`.
+
+        Call it only while the role's leadership holds (never after a fence, a lost lease or
+        an error): the caller's word that nothing is known to have gone wrong. A producer
+        that erred, was fenced, or has not replayed since its fence is closed instead.
+        """
+        if (self._dead is not None or self._erred or self._seen is None
+                or not self._ledger.config.keep_clients):
+            self.close()
+            return
+        self._dead = "released"
+        self._ledger._keep(self._role, self._producer, self._seen)

@@ -212,13 +212,15 @@ class Singleton:
             run, record, writer = self._lead_and_claim(lead, role, run_key, RunState.RUNNING)
             if record is None or not run.should_run:
                 if writer is not None:
-                    writer.close()
+                    self._release(writer, lead)
                     writer = None
                 lead.close()  # release at once: a WAIT must not hold the claimant's executor
                 yield run
                 return
             with contextlib.suppress(WorkSkipped), self._hold(lead, writer, run, record):
                 yield run  # a WorkSkipped ends the block: recorded COMPLETED (skipped)
+            self._release(writer, lead)  # the end record is written: the claim went well
+            writer = None
         finally:
             if writer is not None:
                 writer.close()
@@ -253,7 +255,7 @@ class Singleton:
             return self._reservation(run)
         finally:
             if writer is not None:
-                writer.close()
+                self._release(writer, lead)
             lead.close()
 
     @overload
@@ -470,24 +472,39 @@ class Singleton:
         """
         if not lead.acquire(self.config.acquire_timeout):
             return self._not_leading(role, run_key), None, None
-        writer = self.ledger.begin(role)  # init_transactions(): fences every earlier leader
+        # init_transactions() fences every earlier leader; a producer kept from this process's
+        # last claim of the role was fenced then, and a newer leader's fence makes it fail.
+        writer = self._resume(role)
         try:
             me = Claimant(self.config.deployment, lead.member)
-            replay = writer.replay()
-            now = self._wall()
-            latest = replay.latest(run_key)
-            decision = self._decide(role, run_key, latest, me, now)
-            if not decision.writes:
-                return self._run_for(role, run_key, decision, token=None), None, writer
-            record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
-                                  policy=self.config.policy, state=state)
-            if lead.lost is not None:
-                # Never write a claim without leadership; whoever leads now decides instead.
-                run = Run(role=role, run_key=run_key, deployment=self.config.deployment,
-                          outcome=Outcome.WAIT, reason=f"lost leadership while deciding:"
-                          f" {lead.lost}", token=None, record=decision.latest)
-                return run, None, writer
-            writer.write(record)
+            while True:
+                replay = writer.replay()
+                now = self._wall()
+                latest = replay.latest(run_key)
+                decision = self._decide(role, run_key, latest, me, now)
+                if not decision.writes:
+                    return self._run_for(role, run_key, decision, token=None), None, writer
+                record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
+                                      policy=self.config.policy, state=state)
+                if lead.lost is not None:
+                    # Never write a claim without leadership; whoever leads now decides.
+                    run = Run(role=role, run_key=run_key, deployment=self.config.deployment,
+                              outcome=Outcome.WAIT, reason=f"lost leadership while deciding:"
+                              f" {lead.lost}", token=None, record=decision.latest)
+                    return run, None, writer
+                try:
+                    writer.write(record)
+                except FencedError:
+                    if not getattr(writer, "reused", False):
+                        raise
+                    # The kept producer was fenced by another leader's begin since this
+                    # process's last claim; nothing was written. Fence anew and decide again.
+                    log.info("role %r: the kept ledger writer was fenced by another leader"
+                             " since; fencing again and deciding anew", role)
+                    writer.close()
+                    writer = self.ledger.begin(role)
+                    continue
+                break
             if decision.claims:
                 self._count(role, run_key, decision.outcome)
         except BaseException:
@@ -495,6 +512,24 @@ class Singleton:
             raise
         token = record.token if decision.claims else None
         return self._run_for(role, run_key, decision, token=token), record, writer
+
+    def _resume(self, role: str) -> LedgerWriter:
+        """The role's writer for a claim: the producer kept from this process's last claim of
+        the role when the ledger keeps one (``KafkaLedger.resume``), else a newly fenced one."""
+        ledger = self.ledger
+        if isinstance(ledger, KafkaLedger):
+            return ledger.resume(role)
+        return ledger.begin(role)
+
+    @staticmethod
+    def _release(writer: LedgerWriter, lead: _Leadership) -> None:
+        """End a claim's writer: kept for the role's next claim while leadership holds (a
+        Kafka writer that did not err), closed otherwise."""
+        release = getattr(writer, "release", None)
+        if lead.lost is None and release is not None:
+            release()
+        else:
+            writer.close()
 
     def _busy_while_preparing(self, role: str, run_key: str) -> Run | None:
         """:meth:`_busy`, while the ledger prepares (:meth:`_warm`) on a helper thread."""

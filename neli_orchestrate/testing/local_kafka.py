@@ -17,6 +17,7 @@ distribution, otherwise they are assembled once from Maven Central with ``mvn`` 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import ctypes
 import fcntl
@@ -576,7 +577,10 @@ class LocalKafkaCluster:
         libs = ensure_kafka_libs()
         for node in self.nodes.values():
             node._write_config()
-            node._format(java, libs)
+        # each format is a JVM start of its own: side by side, not one after another
+        with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
+            for done in [pool.submit(node._format, java, libs) for node in self.nodes.values()]:
+                done.result()
         for node in self.nodes.values():
             node._launch(java, libs)
         deadline = time.monotonic() + timeout
@@ -618,9 +622,13 @@ class LocalKafkaCluster:
         node._launch(java, ensure_kafka_libs())
         node._wait_ready(time.monotonic() + timeout)
 
-    def stop(self) -> None:
-        for node in self.nodes.values():
-            node._kill()
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop every node: SIGTERM to all at once, then SIGKILL to those still up past
+        ``timeout``. One at a time, the last node's controlled shutdown waits for a quorum
+        that its peers took with them, and only the timeout ends it."""
+        with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
+            for done in [pool.submit(node._kill, timeout) for node in self.nodes.values()]:
+                done.result()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -9,8 +9,6 @@ fetched or whose broker cannot start fails here, like every other broker test.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,36 +17,20 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+import compat_runs  # noqa: E402
 import selection  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def release_runs(
-    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, tuple[Any, Path]]]:
     """Every release's nested run, started at once: they mostly wait on the brokers' timeouts,
     so side by side they take the time of one (the CI budget) and each still has its own
-    broker."""
-    runs: dict[str, tuple[Any, Path]] = {}
-    for version in selection.VERSIONS:
-        tmp = tmp_path_factory.mktemp(f"kafka-{version}")
-        env = {**os.environ, "NELI_TEST_KAFKA_VERSION": version}
-        env.pop("NELI_TEST_BOOTSTRAP_SERVERS", None)  # this release's own broker, never a given one
-        log = tmp / f"kafka-{version}.log"
-        with log.open("w") as out:
-            proc = subprocess.Popen(
-                # its own basetemp: the nested session must not rotate this session's tmp dirs
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                 "--durations=0", f"--basetemp={tmp / 'nested'}", *selection.node_ids(version)],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        runs[version] = (proc, log)
-    yield runs
-    for proc, _ in runs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    broker. In the whole test command they were started with the simulation's tests
+    (``compat_runs.py``); here they are only waited for."""
+    yield compat_runs.start(request.config, tmp_path_factory)
+    compat_runs.stop()
 
 
 @pytest.mark.kafka
