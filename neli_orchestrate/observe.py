@@ -19,30 +19,37 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard
 
 from neli_orchestrate.core.config import NeliConfig
 from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.namespace import Namespace
 from neli_orchestrate.core.roles import partition_for
+from neli_orchestrate.core.topic import COORDINATOR_WRITE_TIMEOUT_KEY, choose_group_protocol
 from neli_orchestrate.errors import KafkaUnavailableError
 from neli_orchestrate.ledger.cache import end_is_known
 from neli_orchestrate.settings import ClusterSettings
 
 if TYPE_CHECKING:
-    from neli_orchestrate.ledger.history import HistoryEntry, LedgerHistory
-    from neli_orchestrate.ledger.record import LedgerRecord
+    # The read model's vocabulary, named here (``X as X``: an explicit, type-only re-export)
+    # so that the front doors annotate with it without importing the ledger or liveness: the
+    # import-linter contract "front-doors-through-the-api" (pyproject.toml) forbids that.
+    from neli_orchestrate.core.config import ResolvedConfig as ResolvedConfig
+    from neli_orchestrate.ledger.history import HistoryEntry as HistoryEntry
+    from neli_orchestrate.ledger.history import LedgerHistory as LedgerHistory
+    from neli_orchestrate.ledger.record import LedgerRecord as LedgerRecord
     from neli_orchestrate.ledger.transactions import OpenTransaction
-    from neli_orchestrate.liveness import DeploymentLiveness
+    from neli_orchestrate.liveness import DeploymentLiveness as DeploymentLiveness
 
-__all__ = ["LeaderSpell", "MemberStatus", "Overview", "RoleOverview", "RoleStatus",
-           "broker_config", "collect_liveness", "collect_overview", "collect_status",
-           "describe_config",
-           "entry_data", "group_prefix", "iso_time", "latest_runs", "open_ledger_transaction",
-           "outcome_phrase", "role_of_group", "unstopped_note", "unstopped_notes"]
+__all__ = ["BrokerTimeouts", "LeaderSpell", "MemberStatus", "Overview", "RoleOverview",
+           "RoleStatus", "broker_config", "broker_timeouts", "collect_liveness",
+           "collect_overview", "collect_status", "describe_config", "entry_data", "group_prefix",
+           "group_protocol", "is_completed", "iso_time", "latest_runs", "ledger_time",
+           "open_ledger_transaction", "outcome_phrase", "read_ledger", "ride_through",
+           "role_of_group", "run_states", "skipped_by_task", "unstopped_note", "unstopped_notes"]
 
 #: Ledger rows an overview keeps per role (newest first).
 LEDGER_ROWS = 50
@@ -94,6 +101,59 @@ def broker_config(admin: Any, timeout: float) -> dict[str, str] | None:
     if not metadata.brokers:
         return None
     return describe_config(admin, "BROKER", str(min(metadata.brokers)), timeout)
+
+
+@dataclass(frozen=True)
+class BrokerTimeouts:
+    """The broker timeouts that bound a leader's ride-through of a broker crash (protocol.md,
+    8a), in seconds: Kafka's defaults where the broker's configuration is unreadable."""
+
+    #: The broker settings read, with Kafka's defaults (milliseconds, as the broker writes them).
+    DEFAULTS: ClassVar[dict[str, str]] = {
+        "broker.session.timeout.ms": "9000", "replica.lag.time.max.ms": "30000",
+        COORDINATOR_WRITE_TIMEOUT_KEY: "5000"}
+    #: The name of the setting behind :attr:`coordinator_write` (for messages).
+    COORDINATOR_WRITE_KEY: ClassVar[str] = COORDINATOR_WRITE_TIMEOUT_KEY
+
+    #: ``broker.session.timeout.ms``: how long the controller waits before fencing a dead broker.
+    session: float
+    #: ``replica.lag.time.max.ms``: how long a live follower that stops fetching stays in sync.
+    replica_lag: float
+    #: ``offsets.commit.timeout.ms``: a KIP-848 group coordinator's write bound.
+    coordinator_write: float
+    #: False when these are Kafka's defaults because the broker's configuration was unreadable.
+    read: bool
+
+
+def broker_timeouts(broker: Mapping[str, str] | None) -> BrokerTimeouts:
+    """:class:`BrokerTimeouts` of a broker's configuration (:func:`broker_config`; None if
+    unreadable); a value that is not a whole number of milliseconds counts as Kafka's default."""
+    conf = {**BrokerTimeouts.DEFAULTS, **(broker or {})}
+
+    def seconds(key: str) -> float:
+        try:
+            return int(conf[key]) / 1000
+        except (TypeError, ValueError):
+            return int(BrokerTimeouts.DEFAULTS[key]) / 1000
+
+    return BrokerTimeouts(session=seconds("broker.session.timeout.ms"),
+                          replica_lag=seconds("replica.lag.time.max.ms"),
+                          coordinator_write=seconds(COORDINATOR_WRITE_TIMEOUT_KEY),
+                          read=broker is not None)
+
+
+def group_protocol(broker: Mapping[str, str] | None, config: ResolvedConfig) -> tuple[str, str]:
+    """The group protocol members of ``config`` use on a broker with this configuration, and
+    why: the members' own choice (:func:`neli_orchestrate.core.topic.choose_group_protocol`)."""
+    return choose_group_protocol(broker, config)
+
+
+def ride_through(config: ResolvedConfig, protocol: str, timeouts: BrokerTimeouts) -> float:
+    """The ride-through bound ``R`` (seconds) of ``config``'s members in ``protocol`` groups
+    on a broker with ``timeouts``: how long a stall of the heartbeat partition and the offsets
+    topic a leader outlasts (:attr:`~neli_orchestrate.core.config.ResolvedConfig.ride_through`)."""
+    return replace(config, group_protocol=protocol,  # type: ignore[arg-type]
+                   coordinator_write_timeout=timeouts.coordinator_write).ride_through
 
 
 def open_ledger_transaction(target: ClusterSettings, admin: Any,
@@ -311,14 +371,52 @@ def _timeline(beats: Sequence[tuple[float, str, int]], partition: int, members: 
     return spells[-TIMELINE_SPELLS:]
 
 
+def read_ledger(target: ClusterSettings, roles: Sequence[str] | None = None) -> LedgerHistory:
+    """The ledger of ``roles`` (every role if None), read to its end. Raises
+    :class:`~neli_orchestrate.errors.KafkaUnavailableError` when it cannot be read: an
+    unreadable ledger is never an empty one."""
+    from neli_orchestrate.ledger.history import read_history
+
+    return read_history(target.ledger_config(), roles=roles)
+
+
+def run_states() -> list[str]:
+    """The ledger's run states, in their lifecycle order: ``CLAIMED``, ``RUNNING``, ..."""
+    from neli_orchestrate.ledger.record import RunState
+
+    return [state.value for state in RunState]
+
+
+def ledger_time(at: float | None) -> str:
+    """A ledger timestamp as the ledger's own log lines write it (``2013-01-05T06:00:00Z``),
+    for messages that quote a record beside :meth:`LedgerRecord.describe`."""
+    from neli_orchestrate.ledger.record import format_epoch
+
+    return format_epoch(at)
+
+
+def is_completed(record: LedgerRecord | None) -> TypeGuard[LedgerRecord]:
+    """True for a ``COMPLETED`` record: the run key ran (or its work skipped itself)."""
+    from neli_orchestrate.ledger.record import RunState
+
+    return record is not None and record.state is RunState.COMPLETED
+
+
+def skipped_by_task(record: LedgerRecord | None) -> bool:
+    """True for a ``COMPLETED`` record whose work skipped itself: it produced nothing, so no
+    front door materializes or emits asset events for it by proxy (the decision table's rule,
+    :func:`neli_orchestrate.decision.skipped_by_work`)."""
+    from neli_orchestrate.decision import skipped_by_work
+
+    return skipped_by_work(record)
+
+
 def _read_ledger(target: ClusterSettings, roles: Sequence[str],
                  history: LedgerHistory | None = None) -> LedgerHistory | None:
     """``history`` if given, else the ledger of ``roles``; None if it cannot be read."""
-    from neli_orchestrate.ledger.history import read_history
-
     if history is None:
         try:
-            history = read_history(target.ledger_config(), roles=roles)
+            history = read_ledger(target, roles)
         except KafkaUnavailableError:
             return None
     return history
@@ -371,9 +469,9 @@ def outcome_phrase(record: LedgerRecord) -> str:
     ``"skipped by the task in us-east-1"`` (a ``COMPLETED`` record whose work skipped itself:
     it produced nothing, so no region emits asset events or materializations by proxy for it),
     ``"failed in eu-west-1"``, ``"running in ..."``, ``"claimed by ..."``, ``"reset by ..."``."""
-    from neli_orchestrate.decision import SKIPPED_BY_TASK, skipped_by_work
+    from neli_orchestrate.decision import SKIPPED_BY_TASK
 
-    if skipped_by_work(record):
+    if skipped_by_task(record):
         return f"{SKIPPED_BY_TASK} in {record.deployment}"
     state = str(record.state.value)
     return f"{_STATE_PHRASES.get(state, state.lower())} {record.deployment}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
@@ -37,10 +37,22 @@ from neli_orchestrate.core.namespace import Namespace, derive
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.singleton.config import SingletonConfig
 
-__all__ = ["ClusterSettings", "NeliSettings", "choices", "declaration", "field", "kind", "parse"]
+__all__ = ["ClusterSettings", "NeliSettings", "SettingOverrides", "choices", "declaration",
+           "drop_protocol_owned", "field", "kind", "parse"]
 
 #: The group protocols a setting may name (None: the core's default, ``auto``).
 GroupProtocolName = Literal["auto", "classic", "consumer"]
+
+def drop_protocol_owned(kafka_config: dict[str, Any]) -> list[str]:
+    """Remove from ``kafka_config`` the librdkafka settings the protocol sets itself
+    (``group.id``, ``enable.auto.commit``, ...), which ``ClusterSettings.kafka_config`` refuses;
+    the removed keys, sorted. For config shared with other Kafka clients (the extras of an
+    Airflow ``kafka`` connection), where such keys are meant for those clients."""
+    dropped = sorted(k for k in kafka_config if k.strip().lower() in PROTECTED_KAFKA_SETTINGS)
+    for key in dropped:
+        del kafka_config[key]
+    return dropped
+
 
 def _default(config: type, name: str) -> Any:
     """The default of field ``name`` of the protocol's dataclass ``config``: a value the layers
@@ -302,6 +314,23 @@ class NeliSettings(ClusterSettings):
     def check(self) -> None:
         """Apply the core's checks across settings (heartbeat within the session, ...)."""
         self.singleton_config()
+
+
+class SettingOverrides(TypedDict, total=False):
+    """The :class:`NeliSettings` a front door's code may give over its stored configuration
+    (an Airflow connection's extras and ``[neli]`` options): ``NeliHook(conn_id, **overrides)``
+    and the operators that build it. Each key is a field above, typed as the field or None, and
+    has no default of its own: None or absent means the stored value, else the field's default,
+    with the field's bounds (tests/test_settings_declared_once.py checks both)."""
+
+    deployment: str | None
+    namespace: str | None
+    ledger_topic: str | None
+    handoff_timeout: float | None
+    acquire_timeout: float | None
+    heartbeat_timeout: float | None
+    session_timeout: float | None
+    connect_timeout: float | None
 
 
 def field(name: str, model: type[ClusterSettings] = NeliSettings) -> Any:

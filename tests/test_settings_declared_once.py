@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import ast
 import shutil
+import typing
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+from neli_orchestrate.errors import ConfigError
 
 PACKAGE = Path(__file__).resolve().parents[1] / "neli_orchestrate"
 
@@ -117,9 +120,10 @@ def test_the_dagster_resource_takes_the_declaration(name: str) -> None:
 
 
 def hook_redeclarations(hook: type) -> list[str]:
-    """The keywords of ``hook.__init__`` that declare a setting their own way: each must name a
-    NeliSettings field and default to None (unset: the connection's value, or the
-    declaration's default, with the declaration's bounds)."""
+    """The keywords of ``hook.__init__`` that declare a setting their own way. The settings come
+    in through ``**overrides: Unpack[SettingOverrides]`` (settings.py's one list); a keyword
+    written out must name a NeliSettings field and default to None (unset: the connection's
+    value, or the declaration's default, with the declaration's bounds)."""
     import inspect
 
     from neli_orchestrate.settings import NeliSettings
@@ -128,6 +132,10 @@ def hook_redeclarations(hook: type) -> list[str]:
     for name, param in inspect.signature(hook.__init__).parameters.items():
         if name in ("self", "neli_conn_id", "connection"):
             continue
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            if "SettingOverrides" not in str(param.annotation):
+                found.append(f"**{name}: not Unpack[SettingOverrides]")
+            continue
         if name not in NeliSettings.model_fields:
             found.append(f"{name}: not a setting of settings.py")
         elif param.default is not None:
@@ -135,16 +143,70 @@ def hook_redeclarations(hook: type) -> list[str]:
     return found
 
 
+def override_drift(overrides: type) -> list[str]:
+    """Keys of a settings TypedDict that are not a NeliSettings field typed as the field or
+    None (a second declaration that has drifted from the first)."""
+    import typing
+
+    from neli_orchestrate.settings import NeliSettings
+
+    found = []
+    for name, hint in typing.get_type_hints(overrides).items():
+        declared = NeliSettings.model_fields.get(name)
+        if declared is None:
+            found.append(f"{name}: not a setting of settings.py")
+        elif hint != declared.annotation | None:
+            found.append(f"{name}: {hint} (declared {declared.annotation})")
+    return found
+
+
 def test_the_hooks_keywords_are_the_declared_settings() -> None:
     from neli_orchestrate.airflow.hooks.neli import NeliHook
+    from neli_orchestrate.settings import SettingOverrides
 
     assert hook_redeclarations(NeliHook) == []
+    assert override_drift(SettingOverrides) == []
 
     class Drifted(NeliHook):
         def __init__(self, neli_conn_id: str = "neli_default", *,
-                     handoff_timeout: float | None = 300.0, poll: float | None = None) -> None:
+                     handoff_timeout: float | None = 300.0, poll: float | None = None,
+                     **rest: typing.Any) -> None:
             super().__init__(neli_conn_id, handoff_timeout=handoff_timeout)
 
     assert hook_redeclarations(Drifted) == [
         "handoff_timeout: default 300.0 (the declaration's applies)",
+        "poll: not a setting of settings.py",
+        "**rest: not Unpack[SettingOverrides]"]
+
+    class DriftedOverrides(typing.TypedDict, total=False):
+        handoff_timeout: int | None
+        poll: float | None
+        deployment: str | None
+
+    assert override_drift(DriftedOverrides) == [
+        "handoff_timeout: int | None (declared <class 'float'>)",
         "poll: not a setting of settings.py"]
+
+
+def test_the_hook_takes_each_declared_setting_and_refuses_others() -> None:
+    pytest.importorskip("airflow")
+    from airflow.models.connection import Connection
+
+    from neli_orchestrate.airflow.hooks.neli import NeliHook, settings_from_connection
+    from neli_orchestrate.settings import SettingOverrides
+
+    conn = Connection(conn_id="c", conn_type="neli", host="k:9092",
+                      extra='{"deployment": "eu-1", "namespace": "acme", "handoff_timeout": 50}')
+    given: dict[str, typing.Any] = {"deployment": "us-1", "namespace": "other",
+                                    "ledger_topic": "other.runs", "handoff_timeout": 40.0,
+                                    "acquire_timeout": 3.0, "heartbeat_timeout": 2.0,
+                                    "session_timeout": 9.0, "connect_timeout": 4.0}
+    assert sorted(given) == sorted(SettingOverrides.__annotations__)
+    settings = NeliHook("c", connection=conn, **given).settings
+    assert {name: getattr(settings, name) for name in given} == given
+    # None leaves the connection's value; the declaration's bounds still apply
+    assert NeliHook("c", connection=conn, handoff_timeout=None).settings.handoff_timeout == 50
+    with pytest.raises(ConfigError, match="handoff_timeout"):
+        settings_from_connection(conn, handoff_timeout=-1.0)
+    with pytest.raises(TypeError, match="poll"):
+        NeliHook("c", connection=conn, poll=1.0)  # type: ignore[call-arg]

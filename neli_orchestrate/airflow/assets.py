@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from neli_orchestrate.claim import Claim
-    from neli_orchestrate.ledger.record import LedgerRecord
+    from neli_orchestrate.observe import LedgerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +88,9 @@ def identity(
         "recorded_by": recorded_by,
     }
     if completed_at is not None:
-        from neli_orchestrate.ledger.record import format_epoch
+        from neli_orchestrate.observe import ledger_time
 
-        value["completed_at"] = format_epoch(completed_at)
+        value["completed_at"] = ledger_time(completed_at)
     return value
 
 

@@ -25,7 +25,7 @@ __all__ = ["CLAIM_CONTEXT_KEY", "DONE_ELSEWHERE_XCOM_KEY", "describe",
 
 if TYPE_CHECKING:
     from neli_orchestrate.airflow.hooks.neli import NeliHook
-    from neli_orchestrate.ledger.record import LedgerRecord
+    from neli_orchestrate.observe import LedgerRecord
     from neli_orchestrate.singleton.singleton import Singleton
 
 #: Context key under which a fenced task's work finds its claim, in its XCom form (``@task``

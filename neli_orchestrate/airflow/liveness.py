@@ -146,16 +146,11 @@ def _announcer_config(conn_id: str, *, component: str) -> Any:
     from airflow.models.connection import Connection
 
     from neli_orchestrate.airflow.hooks.neli import NeliHook
-    from neli_orchestrate.liveness import AnnouncerConfig
-    from neli_orchestrate.singleton.config import ledger_client_settings
+    from neli_orchestrate.singleton.announce import announcer_config
 
     conn = Connection.get_connection_from_secrets(conn_id)
     config = NeliHook(conn_id, connection=conn).singleton_config()  # type: ignore[arg-type]
-    return AnnouncerConfig(bootstrap_servers=config.neli.bootstrap_servers,
-                           namespace=config.names.name, deployment=config.deployment,
-                           timeout=config.liveness_timeout, component=component,
-                           poll_interval=min(0.5, config.liveness_timeout / 5),
-                           kafka_config=ledger_client_settings(config.neli.kafka_config))
+    return announcer_config(config, component=component)
 
 
 def _wait_parent(seconds: float, parent: int) -> bool:
@@ -211,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 class AnnouncerSupervisor:
     """Keep the liveness announcer (a child process) running while ``parent`` lives.
 
-    ``start()`` starts an announcer (default: :func:`neli_orchestrate.liveness.spawn_announcer`,
+    ``start()`` starts an announcer (default:
+    :func:`~neli_orchestrate.singleton.announce.start_announcer`,
     which exits when this process is gone), ``gauge(value)`` reports whether one runs (default:
     Airflow's ``Stats`` gauge :data:`~neli_orchestrate.airflow.metrics.LIVENESS_ANNOUNCER_UP`).
     The clock and the pause are injectable for deterministic tests.
@@ -322,9 +318,9 @@ class AnnouncerSupervisor:
                         exc_info=True)
 
     def _spawn(self) -> Any:
-        from neli_orchestrate.liveness import spawn_announcer
+        from neli_orchestrate.singleton.announce import start_announcer
 
-        return spawn_announcer(self.config)
+        return start_announcer(self.config)
 
     def _airflow_gauge(self, value: float) -> None:
         from neli_orchestrate.airflow.metrics import LIVENESS_ANNOUNCER_UP, gauge, init_stats

@@ -11,27 +11,31 @@ never see it), and the throwaway group is deleted.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.text import Text
 
+from neli_orchestrate import NeliConfig
 from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
-from neli_orchestrate.core.config import NeliConfig, ResolvedConfig
-from neli_orchestrate.core.topic import COORDINATOR_WRITE_TIMEOUT_KEY, choose_group_protocol
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.observe import (
     broker_config,
+    broker_timeouts,
     describe_config,
     group_prefix,
+    group_protocol,
     open_ledger_transaction,
+    ride_through,
 )
+
+if TYPE_CHECKING:
+    from neli_orchestrate.observe import ResolvedConfig
 
 __all__ = ["Finding", "broker_release", "diagnose", "doctor"]
 
@@ -81,9 +85,6 @@ def broker_release(broker: dict[str, str] | None) -> tuple[str | None, str]:
     return "4.x", "no inter.broker.protocol.version or ZooKeeper settings (removed in 4.0)"
 
 
-#: Kafka's defaults, used when the broker's configuration cannot be read.
-_BROKER_DEFAULTS = {"broker.session.timeout.ms": "9000", "replica.lag.time.max.ms": "30000",
-                    COORDINATOR_WRITE_TIMEOUT_KEY: "5000"}
 #: Allowance after the controller fences a dead broker until the clients are answered again:
 #: the in-sync change or the new leader's election, and the clients finding the new leader.
 #: Measured on a loaded two-core machine (tests/regions/test_broker_crash_ride_through.py):
@@ -101,20 +102,10 @@ def ride_through_check(r: ResolvedConfig, protocol: str,
     last accepted commit (at most ``heartbeat_interval`` before the crash) plus the ride-through
     bound ``R`` lies beyond it: ``S + heartbeat_interval < R``.
     """
-    read = broker is not None
-    conf = {**_BROKER_DEFAULTS, **(broker or {})}
-
-    def seconds(key: str) -> float:
-        try:
-            return int(conf[key]) / 1000
-        except (TypeError, ValueError):
-            return int(_BROKER_DEFAULTS[key]) / 1000
-
-    fence, lag = seconds("broker.session.timeout.ms"), seconds("replica.lag.time.max.ms")
-    write = seconds(COORDINATOR_WRITE_TIMEOUT_KEY)
-    rr = dataclasses.replace(r, group_protocol=protocol,  # type: ignore[arg-type]
-                             coordinator_write_timeout=write)
-    ride = rr.ride_through
+    timeouts = broker_timeouts(broker)
+    read = timeouts.read
+    fence, lag, write = timeouts.session, timeouts.replica_lag, timeouts.coordinator_write
+    ride = ride_through(r, protocol, timeouts)
     stall = fence + _ISR_CHANGE
     need = stall + r.heartbeat_interval
     source = "the broker's" if read else "Kafka's default (the broker's are unreadable)"
@@ -126,7 +117,7 @@ def ride_through_check(r: ResolvedConfig, protocol: str,
         extra = r.clock_error
     else:
         bound = (f"session_timeout {r.session_timeout:g} s - group heartbeat "
-                 f"{r.group_heartbeat_interval:g} s - {COORDINATOR_WRITE_TIMEOUT_KEY} "
+                 f"{r.group_heartbeat_interval:g} s - {timeouts.COORDINATOR_WRITE_KEY} "
                  f"{write:g} s - clock_error {r.clock_error:g} s - {stop}")
         extra = r.clock_error + r.group_heartbeat_interval + write
     # with heartbeat_timeout derived (a third of the session): R = 2/3 session - extra
@@ -214,7 +205,7 @@ class _Doctor:
 
     def kip848(self) -> None:
         r = self.neli.resolved
-        self.protocol, why = choose_group_protocol(self.broker, r)
+        self.protocol, why = group_protocol(self.broker, r)
         # One row: which protocol members use and why (the reason names the broker's support).
         self.add("kip-848", OK, f"members use the {self.protocol} group protocol: {why}")
         if self.broker is None:

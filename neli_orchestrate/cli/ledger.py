@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -10,21 +11,22 @@ from rich.markup import escape
 from neli_orchestrate.cli._context import Target, connection_options, setting_option
 from neli_orchestrate.cli._output import emit, fail, json_option, progress, stderr, table, when
 from neli_orchestrate.errors import KafkaUnavailableError, NeliError
-from neli_orchestrate.ledger.history import LedgerHistory, read_history
-from neli_orchestrate.ledger.record import RunState
-from neli_orchestrate.observe import entry_data, unstopped_note
+from neli_orchestrate.observe import entry_data, read_ledger, run_states, unstopped_note
 from neli_orchestrate.settings import NeliSettings, parse
+
+if TYPE_CHECKING:
+    from neli_orchestrate.observe import LedgerHistory
 
 __all__ = ["ledger"]
 
-STATES = [state.value for state in RunState]
+STATES = run_states()
 
 
 def _read(target: Target, roles: list[str] | None) -> LedgerHistory:
     config = target.ledger_config()
     try:
         with progress(f"reading ledger topic {config.topic} at {target.bootstrap_servers}"):
-            return read_history(config, roles=roles)
+            return read_ledger(target, roles)
     except KafkaUnavailableError as exc:
         raise fail(str(exc)) from None
 

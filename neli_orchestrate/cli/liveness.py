@@ -7,13 +7,15 @@ the CLI's ``status`` or the Airflow page, can show it).
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neli_orchestrate.cli._context import Target
 from neli_orchestrate.cli._output import table, when
 from neli_orchestrate.errors import KafkaUnavailableError
-from neli_orchestrate.liveness import DeploymentLiveness
 from neli_orchestrate.observe import collect_liveness
+
+if TYPE_CHECKING:
+    from neli_orchestrate.observe import DeploymentLiveness
 
 __all__ = ["liveness_json", "print_liveness"]
 

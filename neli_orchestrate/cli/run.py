@@ -347,7 +347,7 @@ def _result(as_json: bool, data: dict[str, Any], text: str | None, *, err: bool 
 def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
              command: Sequence[str], as_json: bool) -> int:
     """The one-shot form: the exit status (see the module docstring and docs/guide/run.md)."""
-    from neli_orchestrate.decision import Outcome
+    from neli_orchestrate import Outcome
 
     base = {"role": settings.role, "run_key": run_key, "deployment": settings.deployment}
     deadline = time.monotonic() + settings.wait_timeout
@@ -369,14 +369,14 @@ def run_once(single: Any, settings: _Settings, target: Target, run_key: str,
                     token = None
                 outcome, reason, record = run.outcome, run.reason, run.record
         except CommandFailed as exc:
-            from neli_orchestrate.ledger.record import format_epoch
+            from neli_orchestrate.observe import ledger_time
 
             handoff = single.config.policy.handoff_timeout
             _result(as_json, {**base, "result": "failed", "ran_in": settings.deployment,
                               "exit_status": exc.code},
                     f"{exc}: recorded FAILED for role {settings.role!r} run {run_key!r}; this"
                     f" deployment retries first (run the line again), other deployments may"
-                    f" take the run over from {format_epoch(time.time() + handoff)}"
+                    f" take the run over from {ledger_time(time.time() + handoff)}"
                     f" (--handoff-timeout {handoff:g} s)", err=True)
             return exc.code
         except FencedError as exc:

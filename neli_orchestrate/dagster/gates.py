@@ -21,8 +21,8 @@ import dagster as dg
 
 from neli_orchestrate.dagster.resource import NeliResource, _describe, _record_skip, _where
 from neli_orchestrate.dagster.run import NeliRun, default_run_key
-from neli_orchestrate.decision import skipped_by_work
 from neli_orchestrate.errors import ConfigError
+from neli_orchestrate.observe import skipped_by_task
 from neli_orchestrate.sinks.io_managers import OutputRefused, claim_for_outputs
 
 GATE_OUTPUT = "claimed"
@@ -103,7 +103,7 @@ def leader_gate_op(
         context.log.info(
             f"neli gate: skipping downstream of {role!r} / {key!r} in deployment "
             f"{neli.deployment!r}: {reservation.outcome} — {_describe(reservation.record)}"
-            + (f" ({_where(reservation.record)})" if skipped_by_work(reservation.record) else "")
+            + (f" ({_where(reservation.record)})" if skipped_by_task(reservation.record) else "")
         )
 
     return _gate

@@ -26,7 +26,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from pydantic import Field, PrivateAttr, model_validator
@@ -34,12 +34,14 @@ from pydantic import Field, PrivateAttr, model_validator
 from neli_orchestrate import Outcome, settings
 from neli_orchestrate.dagster.run import NeliRun, default_role, default_run_key
 from neli_orchestrate.errors import FencedError, StaleTokenError
-from neli_orchestrate.ledger.record import LedgerRecord
 from neli_orchestrate.metrics import MetricEvent
 from neli_orchestrate.observe import Overview, collect_overview
 from neli_orchestrate.singleton.config import SingletonConfig
 from neli_orchestrate.singleton.run import Reservation
 from neli_orchestrate.singleton.singleton import Singleton
+
+if TYPE_CHECKING:
+    from neli_orchestrate.observe import LedgerRecord
 
 logger = logging.getLogger(__name__)
 

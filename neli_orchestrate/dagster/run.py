@@ -20,9 +20,9 @@ from neli_orchestrate.lineage.facet import neli_facet
 from neli_orchestrate.spark.conf import SparkJobCanceller, cancel_on_fence
 
 if TYPE_CHECKING:
+    from neli_orchestrate import Outcome
     from neli_orchestrate.claim import Claim
-    from neli_orchestrate.decision import Outcome
-    from neli_orchestrate.ledger.record import LedgerRecord
+    from neli_orchestrate.observe import LedgerRecord
     from neli_orchestrate.singleton.run import Run
 
 logger = logging.getLogger(__name__)
@@ -113,9 +113,9 @@ class NeliRun:
         ran (``WorkSkipped``: ``COMPLETED``, "skipped by the task"). It produced nothing, so
         nothing is materialized by proxy for it: :meth:`materialize_by_proxy` refuses, and
         ``singleton_asset`` and the ``singleton`` block record an observation instead."""
-        from neli_orchestrate.decision import skipped_by_work
+        from neli_orchestrate.observe import skipped_by_task
 
-        return not self.should_run and skipped_by_work(self.record)
+        return not self.should_run and skipped_by_task(self.record)
 
     @property
     def fenced(self) -> bool:

@@ -24,19 +24,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from airflow.sdk import BaseHook
 
 from neli_orchestrate.airflow.provider import KAFKA_EXTRAS
-from neli_orchestrate.core.config import PROTECTED_KAFKA_SETTINGS
 from neli_orchestrate.errors import ConfigError
-from neli_orchestrate.settings import NeliSettings, parse
+from neli_orchestrate.settings import NeliSettings, SettingOverrides, drop_protocol_owned, parse
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
-    from neli_orchestrate.core.config import NeliConfig
+    from neli_orchestrate import NeliConfig
     from neli_orchestrate.singleton.config import SingletonConfig
     from neli_orchestrate.singleton.singleton import Singleton
 
@@ -48,14 +47,8 @@ KAFKA_CONN_TYPE = "kafka"
 # librdkafka keys whose values are secrets; matched as substrings of the lower-cased key.
 _SECRET_KEY_PARTS = ("password", "secret", "jaas", "key.pem", "oauthbearer.config", "token")
 
-#: Settings a hook argument (or an operator's) may override: the timeouts.
-_TIMEOUT_EXTRAS = (
-    "handoff_timeout",
-    "acquire_timeout",
-    "heartbeat_timeout",
-    "session_timeout",
-    "connect_timeout",
-)
+#: The settings a hook's (or an operator's) keywords give over the connection: settings.py's.
+_OVERRIDES = tuple(SettingOverrides.__annotations__)
 
 
 def is_secret_key(key: str) -> bool:
@@ -197,28 +190,23 @@ def _kafka_connection(conn_id: str, extras: dict[str, Any]) -> dict[str, Any]:
     # hook's arguments and [neli] config, never from unknown keys the client would reject.
     # Consumer settings meant for other hooks (group.id, auto.offset.reset, ...) are the
     # protocol's business here: drop them rather than fail.
-    ignored = sorted(k for k in kafka_config if k.strip().lower() in PROTECTED_KAFKA_SETTINGS)
-    for key in ignored:
-        kafka_config.pop(key)
+    ignored = drop_protocol_owned(kafka_config)
     if ignored:
         logger.info("connection %r: ignoring %s, NELI sets them itself", conn_id, ignored)
     return {"bootstrap_servers": bootstrap, "kafka_config": kafka_config}
 
 
 def settings_from_connection(
-    conn: Connection,
-    *,
-    deployment: str | None = None,
-    namespace: str | None = None,
-    ledger_topic: str | None = None,
-    overrides: Mapping[str, float | None] | None = None,
+    conn: Connection, **overrides: Unpack[SettingOverrides],
 ) -> NeliConnectionSettings:
     """Read the NELI settings of a ``neli`` or ``kafka`` connection; ConfigError says what to fix.
 
-    Arguments win over the connection's extras; deployment id and namespace fall back to the
+    ``overrides`` (:class:`~neli_orchestrate.settings.SettingOverrides`; None values are unset)
+    win over the connection's extras; deployment id and namespace fall back to the
     ``[neli] deployment`` / ``[neli] namespace`` Airflow options. There is no default
     namespace: without one the connection is refused.
     """
+    given: dict[str, Any] = dict(overrides)
     conn_id = conn.conn_id or "<unnamed>"
     conn_type = (conn.conn_type or "").lower()
     extras = _extras(conn)
@@ -232,17 +220,17 @@ def settings_from_connection(
             "'kafka' connection (install neli-orchestrate before `airflow connections add "
             "--conn-type neli`, or Airflow stores it as generic)"
         )
-    for name, value in (overrides or {}).items():
-        if name not in _TIMEOUT_EXTRAS:
-            raise ConfigError(f"unknown NELI setting {name!r}; known: {list(_TIMEOUT_EXTRAS)}")
-        if value is not None:
+    for name, value in given.items():
+        if name not in _OVERRIDES:
+            raise ConfigError(f"unknown NELI setting {name!r}; known: {list(_OVERRIDES)}")
+        if value is not None and name not in ("deployment", "namespace"):
             values[name] = value
     # Deployment id and namespace: argument, else the connection, else the [neli] section.
-    for name, given, example, note in (
-        ("deployment", deployment, '"us-east-1"', "deployment id"),
-        ("namespace", namespace, '"acme"', "namespace"),
+    for name, example, note in (
+        ("deployment", '"us-east-1"', "deployment id"),
+        ("namespace", '"acme"', "namespace"),
     ):
-        values[name] = given or values.get(name) or _configured(name)
+        values[name] = given.get(name) or values.get(name) or _configured(name)
         if not values[name]:
             raise ConfigError(
                 f"connection {conn_id!r}: no {note}; set the extra {name!r} (e.g. {example}), "
@@ -251,7 +239,7 @@ def settings_from_connection(
                 + (" Every deployment that shares runs must use the same namespace."
                    if name == "namespace" else "")
             )
-    values["ledger_topic"] = ledger_topic or values.get("ledger_topic")
+    values["ledger_topic"] = values.get("ledger_topic") or None
     for key, value in values["kafka_config"].items():
         if is_secret_key(key) and isinstance(value, str):
             _mask(value)
@@ -274,17 +262,14 @@ class NeliHook(BaseHook):
     """Build NELI and singleton configuration from an Airflow connection (``neli`` or ``kafka``).
 
     :param neli_conn_id: the connection; type ``neli`` or the Kafka provider's ``kafka``.
-    :param deployment: this deployment's id; overrides the connection and ``[neli] deployment``.
-    :param namespace: group/topic prefix; overrides the connection (required somewhere).
-    :param ledger_topic: run ledger topic; overrides the connection.
-    :param handoff_timeout: seconds another deployment's claim is respected.
-    :param acquire_timeout: seconds one attempt waits to lead a role.
-    :param heartbeat_timeout: NELI heartbeat lease.
-    :param session_timeout: consumer group session timeout.
-    :param connect_timeout: broker round trips of test_connection and metadata reads.
-
-    Each of the timeouts (seconds) overrides the connection's extra of the same name.
     :param connection: an already fetched connection (triggers fetch it asynchronously).
+    :param overrides: settings over the connection's extras of the same name, declared (with
+        their meaning, bounds and defaults) once in settings.py
+        (:class:`~neli_orchestrate.settings.SettingOverrides`): ``deployment`` (this
+        deployment's id; also over ``[neli] deployment``), ``namespace`` (also over
+        ``[neli] namespace``; required somewhere), ``ledger_topic``, and the timeouts in seconds
+        ``handoff_timeout``, ``acquire_timeout``, ``heartbeat_timeout``, ``session_timeout``,
+        ``connect_timeout``. None (or absent) leaves the connection's value.
     """
 
     conn_name_attr = "neli_conn_id"
@@ -296,28 +281,16 @@ class NeliHook(BaseHook):
         self,
         neli_conn_id: str = default_conn_name,
         *,
-        deployment: str | None = None,
-        namespace: str | None = None,
-        ledger_topic: str | None = None,
-        handoff_timeout: float | None = None,
-        acquire_timeout: float | None = None,
-        heartbeat_timeout: float | None = None,
-        session_timeout: float | None = None,
-        connect_timeout: float | None = None,
         connection: Connection | None = None,
+        **overrides: Unpack[SettingOverrides],
     ) -> None:
+        unknown = sorted(set(overrides) - set(_OVERRIDES))
+        if unknown:
+            raise TypeError(f"NeliHook() got unexpected keyword argument(s) {unknown}; the "
+                            f"settings it takes: {list(_OVERRIDES)}")
         super().__init__()
         self.neli_conn_id = neli_conn_id
-        self._deployment = deployment
-        self._namespace = namespace
-        self._ledger_topic = ledger_topic
-        self._timeouts = {
-            "handoff_timeout": handoff_timeout,
-            "acquire_timeout": acquire_timeout,
-            "heartbeat_timeout": heartbeat_timeout,
-            "session_timeout": session_timeout,
-            "connect_timeout": connect_timeout,
-        }
+        self._overrides = overrides
         self._connection = connection
         self._settings: NeliConnectionSettings | None = None
 
@@ -345,13 +318,7 @@ class NeliHook(BaseHook):
         """The connection's NELI settings (read once, cached)."""
         if self._settings is None:
             conn = self._connection or self._get_neli_connection()
-            self._settings = settings_from_connection(
-                conn,
-                deployment=self._deployment,
-                namespace=self._namespace,
-                ledger_topic=self._ledger_topic,
-                overrides=self._timeouts,
-            )
+            self._settings = settings_from_connection(conn, **self._overrides)
             logger.debug("NELI settings: %s", self._settings.describe())
         return self._settings
 

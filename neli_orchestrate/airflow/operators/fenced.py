@@ -403,16 +403,15 @@ def _end_as_the_gate_would(
         concrete_outlets,
         stamp_proxy_outlet_events,
     )
-    from neli_orchestrate.decision import skipped_by_work
-    from neli_orchestrate.ledger.record import RunState
+    from neli_orchestrate.observe import is_completed, skipped_by_task
 
     record = skipped.record
     here = claim.deployment or ""
-    if record is None or record.state is not RunState.COMPLETED or record.deployment == here:
+    if not is_completed(record) or record.deployment == here:
         raise AirflowSkipException(str(skipped)) from skipped
     ti = context["ti"]
     role = str(claim.role or getattr(gate, "role", ""))
-    if skipped_by_work(record):
+    if skipped_by_task(record):
         # The work skipped itself in the region that took the run over: it produced nothing,
         # so this try is a skip too, with no asset event by proxy (as there).
         done = record_to_dict(record) or {}

@@ -58,7 +58,7 @@ from neli_orchestrate.airflow.policy import (
 )
 from neli_orchestrate.airflow.sensors.base import DeferrableNeliSensor, default_deferrable
 from neli_orchestrate.errors import ConfigError, KafkaUnavailableError
-from neli_orchestrate.ledger.record import format_epoch
+from neli_orchestrate.observe import ledger_time, skipped_by_task
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -210,7 +210,7 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         """One attempt: reserve the run and act on the outcome (RUN, SKIP_DONE or WAIT)."""
-        from neli_orchestrate.decision import Outcome
+        from neli_orchestrate import Outcome
 
         self._check_fencing()
         run_key = self._resolve_run_key(context)
@@ -319,18 +319,16 @@ class LeaderGateOperator(DeferrableNeliSensor, SkipMixin, LineageHooks):
     def _skip_singleton(
         self, context: Context, record: Any, tasks: list[Any], here: str
     ) -> None:
-        from neli_orchestrate.decision import skipped_by_work
-
         ti = context["ti"]
         where = (
-            f"deployment {record.deployment!r} at {format_epoch(record.at)} (token {record.token})"
+            f"deployment {record.deployment!r} at {ledger_time(record.at)} (token {record.token})"
             if record is not None
             else "another deployment"
         )
         skipped = [t.task_id for t in tasks]
         # The work skipped itself where it ran: it produced nothing, so nothing is emitted
         # here by proxy either (no asset event, no consumer DAG queued), as in that region.
-        by_task = skipped_by_work(record)
+        by_task = skipped_by_task(record)
         self.log.info(
             "Run %r of role %r already %s %s; skipping the singleton %s here%s; tasks after it "
             "run as their trigger rules say. To run it again: %s, then clear this gate in one "

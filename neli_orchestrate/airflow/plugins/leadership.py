@@ -44,8 +44,7 @@ from neli_orchestrate.observe import (
 if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
-    from neli_orchestrate.ledger.history import HistoryEntry
-    from neli_orchestrate.observe import RoleStatus
+    from neli_orchestrate.observe import HistoryEntry, RoleStatus
     from neli_orchestrate.settings import ClusterSettings
 
 __all__ = ["NeliPlugin", "NeliRanInLink", "NeliRunLink", "app", "find_claimed_run", "run_url"]
@@ -404,11 +403,9 @@ def _timeline_html(st: RoleStatus, now: float) -> str:
 def _ran_in_html(data: Overview, urls: dict[str, str], dag_id: str | None) -> str:
     """Which deployment completed the run key, with its token, and a link to its run there."""
     from neli_orchestrate.airflow.assets import ran_url
-    from neli_orchestrate.decision import skipped_by_work
-    from neli_orchestrate.ledger.record import RunState
+    from neli_orchestrate.observe import is_completed, skipped_by_task
 
-    done = [e.record for e in data.run_history
-            if e.record is not None and e.record.state is RunState.COMPLETED]
+    done = [e.record for e in data.run_history if is_completed(e.record)]
     if not done:
         return ""
     record = done[-1]
@@ -420,7 +417,7 @@ def _ran_in_html(data: Overview, urls: dict[str, str], dag_id: str | None) -> st
                        dag_id=dag_id)
         link = (f' · <a id="ran-in-link" href="{_e(href)}">open the run in '
                 f'{_e(record.deployment)}\'s UI</a>')
-    if skipped_by_work(record):
+    if skipped_by_task(record):
         # it produced nothing: no region has asset events of it, by proxy or not
         return (f'<p id="ran-in" data-deployment="{_e(record.deployment)}" '
                 f'data-token="{_e(record.token)}" data-skipped-by-task="true">Skipped by the '

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -187,9 +186,6 @@ def _decide(singleton: Any, hook: Any, record: Any) -> Any:
     """What the decision table says about ``record`` for this deployment, right now, with the
     claiming deployment's liveness as the gate reads it: a gone deployment's claim or failed
     try is not waited for (the resumed gate decides again, and takes it over)."""
-    from neli_orchestrate.decision import Claimant, decide
+    from neli_orchestrate.singleton.probe import decide_now
 
-    policy = singleton.config.policy
-    me = Claimant(deployment=hook.deployment, member=f"{hook.deployment}-trigger")
-    return decide(record, me, now=time.time(), policy=policy,
-                  liveness=singleton._liveness_of(record, me))
+    return decide_now(singleton, record, member=f"{hook.deployment}-trigger")
