@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +19,9 @@ from confluent_kafka.admin import ListOffsetsResultInfo, OffsetSpec
 from neli_orchestrate.errors import KafkaUnavailableError
 from neli_orchestrate.ledger import cache as ledger_cache
 from neli_orchestrate.ledger import kafka as ledger_kafka
-from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
+from neli_orchestrate.ledger.kafka import KafkaLedger
 from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState
+from tests.ledger.ledger_helpers import open_ledger as shared_open_ledger
 
 pytestmark = pytest.mark.kafka
 
@@ -55,25 +54,10 @@ class LeaderChange:
         return {tp: future}
 
 
-@pytest.fixture
-def topic() -> str:
-    return f"ledger.{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def ledgers() -> Iterator[list[KafkaLedger]]:
-    opened: list[KafkaLedger] = []
-    yield opened
-    for ledger in opened:
-        ledger.close()
-
-
 def open_ledger(ledgers: list[KafkaLedger], bootstrap: str, topic: str,
                 **kwargs: Any) -> tuple[KafkaLedger, LeaderChange]:
     kwargs.setdefault("replay_timeout", 20.0)
-    ledger = KafkaLedger(KafkaLedgerConfig(bootstrap_servers=bootstrap, topic=topic,
-                                           request_timeout=10.0, **kwargs))
-    ledgers.append(ledger)
+    ledger = shared_open_ledger(ledgers, bootstrap, topic, **kwargs)
     ledger.partition_for(ROLE)          # creates the topic and the admin client
     change = LeaderChange(ledger._admin)
     ledger._admin = change

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from neli_orchestrate.decision import Claimant, DecisionPolicy, claim_record, decide
 from neli_orchestrate.errors import FencedError
-from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig, KafkaLedgerWriter
+from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerWriter
 from neli_orchestrate.ledger.record import LedgerRecord, RunState
+from tests.ledger.ledger_helpers import open_ledger as shared_open_ledger
 
 pytestmark = pytest.mark.kafka
 
@@ -28,21 +28,9 @@ POLICY = DecisionPolicy(handoff_timeout=60.0)
 US = Claimant("us-east-1", "us-member")
 
 
-@pytest.fixture
-def ledgers() -> Iterator[list[KafkaLedger]]:
-    opened: list[KafkaLedger] = []
-    yield opened
-    for ledger in opened:
-        ledger.close()
-
-
 def open_ledger(ledgers: list[KafkaLedger], bootstrap: str, topic: str,
                 **kwargs: object) -> KafkaLedger:
-    ledger = KafkaLedger(KafkaLedgerConfig(
-        bootstrap_servers=bootstrap, topic=topic, request_timeout=10.0, replay_timeout=10.0,
-        replay_cache_dir="", **kwargs))  # type: ignore[arg-type]
-    ledgers.append(ledger)
-    return ledger
+    return shared_open_ledger(ledgers, bootstrap, topic, replay_cache_dir="", **kwargs)
 
 
 def claim_with(writer: KafkaLedgerWriter, run_key: str) -> LedgerRecord:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import (
@@ -24,41 +22,16 @@ from neli_orchestrate.errors import (
     KafkaUnavailableError,
     TopicMismatchError,
 )
-from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
+from neli_orchestrate.ledger.kafka import KafkaLedger
 from neli_orchestrate.ledger.record import LedgerRecord, RunState, encode_key, role_partition
 from neli_orchestrate.ledger.store import expire
+from tests.ledger.ledger_helpers import open_ledger
 
 pytestmark = pytest.mark.kafka
 
 POLICY = DecisionPolicy(handoff_timeout=60.0)
 US = Claimant("us-east-1", "us-member")
 EU = Claimant("eu-west-1", "eu-member")
-
-
-@pytest.fixture
-def topic() -> str:
-    return f"ledger.{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def ledgers(kafka_broker: str) -> Iterator[list[KafkaLedger]]:
-    opened: list[KafkaLedger] = []
-    yield opened
-    for ledger in opened:
-        ledger.close()
-
-
-def open_ledger(
-    ledgers: list[KafkaLedger], bootstrap: str, topic: str, **kwargs: object
-) -> KafkaLedger:
-    settings: dict[str, object] = {"request_timeout": 10.0, "replay_timeout": 10.0}
-    settings.update(kwargs)
-    config = KafkaLedgerConfig(
-        bootstrap_servers=bootstrap, topic=topic, **settings  # type: ignore[arg-type]
-    )
-    ledger = KafkaLedger(config)
-    ledgers.append(ledger)
-    return ledger
 
 
 def claim(ledger: KafkaLedger, role: str, run_key: str, me: Claimant) -> LedgerRecord:

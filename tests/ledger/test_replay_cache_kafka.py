@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,9 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from neli_orchestrate.errors import UnreadableRecordError
 from neli_orchestrate.ledger import kafka as ledger_kafka
 from neli_orchestrate.ledger.cache import Judgement, Verdict
-from neli_orchestrate.ledger.kafka import KafkaLedger, KafkaLedgerConfig
+from neli_orchestrate.ledger.kafka import KafkaLedger
 from neli_orchestrate.ledger.record import LedgerError, LedgerRecord, RunState, encode_key
+from tests.ledger.ledger_helpers import open_ledger as shared_open_ledger
 
 pytestmark = pytest.mark.kafka
 
@@ -24,25 +24,9 @@ ROLE = "daily_flights"
 OTHER = "billing_export"
 
 
-@pytest.fixture
-def topic() -> str:
-    return f"ledger.{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def ledgers() -> Iterator[list[KafkaLedger]]:
-    opened: list[KafkaLedger] = []
-    yield opened
-    for ledger in opened:
-        ledger.close()
-
-
 def open_ledger(ledgers: list[KafkaLedger], bootstrap: str, topic: str,
                 **kwargs: Any) -> KafkaLedger:
-    ledger = KafkaLedger(KafkaLedgerConfig(bootstrap_servers=bootstrap, topic=topic,
-                                           request_timeout=10.0, replay_timeout=20.0, **kwargs))
-    ledgers.append(ledger)
-    return ledger
+    return shared_open_ledger(ledgers, bootstrap, topic, **{"replay_timeout": 20.0, **kwargs})
 
 
 def write(ledger: KafkaLedger, role: str, run_key: str, state: RunState) -> LedgerRecord:
