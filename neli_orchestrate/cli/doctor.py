@@ -35,7 +35,7 @@ from neli_orchestrate.observe import (
 )
 
 if TYPE_CHECKING:
-    from neli_orchestrate.observe import ResolvedConfig
+    from neli_orchestrate.observe import BrokerTimeouts, ResolvedConfig
 
 __all__ = ["Finding", "broker_release", "diagnose", "doctor"]
 
@@ -92,6 +92,15 @@ def broker_release(broker: dict[str, str] | None) -> tuple[str | None, str]:
 _ISR_CHANGE = 4.0
 
 
+def _ride_through_floor(r: ResolvedConfig, protocol: str, timeouts: BrokerTimeouts) -> float:
+    """The session above which ``r``'s members ride through a broker's crash, heartbeat
+    timeout derived (a third of the session): R = 2/3 session - what R loses besides the
+    stop budget, which must exceed the stall plus a heartbeat interval."""
+    extra = r.clock_error + (0.0 if protocol == "classic"
+                             else r.group_heartbeat_interval + timeouts.coordinator_write)
+    return 1.5 * (timeouts.session + _ISR_CHANGE + r.heartbeat_interval + extra)
+
+
 def ride_through_check(r: ResolvedConfig, protocol: str,
                        broker: Mapping[str, str] | None) -> tuple[str, str, str]:
     """Can a leader ride through one broker's crash (protocol.md, 8a)? (level, message, fix).
@@ -114,14 +123,11 @@ def ride_through_check(r: ResolvedConfig, protocol: str,
     if protocol == "classic":
         bound = (f"session_timeout {r.session_timeout:g} s - clock_error {r.clock_error:g} s - "
                  f"{stop}")
-        extra = r.clock_error
     else:
         bound = (f"session_timeout {r.session_timeout:g} s - group heartbeat "
                  f"{r.group_heartbeat_interval:g} s - {timeouts.COORDINATOR_WRITE_KEY} "
                  f"{write:g} s - clock_error {r.clock_error:g} s - {stop}")
-        extra = r.clock_error + r.group_heartbeat_interval + write
-    # with heartbeat_timeout derived (a third of the session): R = 2/3 session - extra
-    wanted = 1.5 * (need + extra)
+    wanted = _ride_through_floor(r, protocol, timeouts)
     arithmetic = (f"a dead broker stalls the heartbeat partition and __consumer_offsets for up "
                   f"to broker.session.timeout.ms {fence:g} s ({source}) + {_ISR_CHANGE:g} s "
                   f"for the in-sync sets or the leader to change and the clients to follow; "
@@ -144,6 +150,36 @@ def ride_through_check(r: ResolvedConfig, protocol: str,
     return (WARNING, f"{protocol} groups: one broker's crash can fence every leader (L3 "
             f"does not hold in the worst case): {arithmetic}: {max(ride, 0.0):.2f} <= {need:g}",
             fix)
+
+
+def failover_check(r: ResolvedConfig, protocol: str,
+                   broker: Mapping[str, str] | None) -> tuple[str, str, str]:
+    """How long a lost region's run waits for another region (docs/guide/topologies.md):
+    (level, message, fix). Always ``ok``: it states the arithmetic and the trade-off.
+
+    A member that dies is removed by its group's coordinator ``session_timeout`` after its
+    last heartbeat. When the coordinator's broker dies with it (the region holding both is
+    lost), the controller first fences that broker (``broker.session.timeout.ms``), the
+    coordinator moves, and the new one restarts every loaded member's session: the take-over
+    starts no sooner than ``F + S``, then a rebalance and the claim follow. The shortest
+    session that still rides through a broker's crash (:func:`ride_through_check`) is the
+    floor of what a shorter session can buy.
+    """
+    timeouts = broker_timeouts(broker)
+    fence, session = timeouts.session, r.session_timeout
+    source = "the broker's" if timeouts.read else "Kafka's default"
+    shortest = _ride_through_floor(r, protocol, timeouts)
+    message = (f"{protocol} groups: a dead leader's run is taken over once its session "
+               f"ends, {session:g} s after its last heartbeat; when its group coordinator dies "
+               f"with it (a lost region), no sooner than broker.session.timeout.ms {fence:g} s "
+               f"({source}) + session_timeout {session:g} s = {fence + session:g} s, as the "
+               f"new coordinator restarts every member's session, then a rebalance and the "
+               f"claim (about 10 s across regions, docs/internals/chaos.md)")
+    fix = ""
+    if session > shortest + 1:
+        fix = (f"for a faster take-over, lower session_timeout, but keep it above "
+               f"{shortest:.1f} s to ride through a broker's crash on these settings")
+    return OK, message, fix
 
 
 def _major_minor(release: str) -> tuple[int, int]:
@@ -280,6 +316,7 @@ class _Doctor:
         level, message, fix = ride_through_check(self.neli.resolved, self.protocol,
                                                  self.broker)
         self.add("ride-through", level, message, fix)
+        self.add("failover", *failover_check(self.neli.resolved, self.protocol, self.broker))
 
     def topics(self) -> dict[str, int]:
         """Describe both topics (a tried DESCRIBE); check the ledger's policy and replication."""

@@ -1,12 +1,14 @@
-"""``doctor``'s ride-through arithmetic (docs/internals/protocol.md, 8a), without a broker."""
+"""``doctor``'s ride-through and failover arithmetic (docs/internals/protocol.md, 8a), without a
+broker."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
-from neli_orchestrate.cli.doctor import OK, WARNING, ride_through_check
+from neli_orchestrate.cli.doctor import OK, WARNING, failover_check, ride_through_check
 from neli_orchestrate.core.config import NeliConfig
 
 KAFKA_DEFAULTS = {"broker.session.timeout.ms": "9000", "replica.lag.time.max.ms": "30000",
@@ -60,3 +62,36 @@ def test_the_brokers_own_settings_are_used_when_readable() -> None:
     assert level == OK and "broker.session.timeout.ms 3 s (the broker's)" in message
     level, message, _ = check("classic", None, session_timeout=18.0)
     assert level == WARNING and "Kafka's default" in message
+
+
+def failover(protocol: str, broker: dict[str, str] | None = KAFKA_DEFAULTS,
+             **settings: Any) -> tuple[str, str, str]:
+    r = NeliConfig(bootstrap_servers="x:1", group_id="g", **settings).resolved
+    return failover_check(r, protocol, broker)
+
+
+def test_a_lost_regions_take_over_waits_for_the_brokers_fencing_and_a_whole_session() -> None:
+    # the new coordinator restarts every member's session when it loads the group:
+    # 9 s + 45 s before anyone can take over (63-66 s measured, docs/internals/chaos.md)
+    level, message, fix = failover("classic")
+    assert level == OK
+    assert "broker.session.timeout.ms 9 s" in message and "= 54 s" in message
+    assert "above 21.0 s" in fix
+
+
+def test_the_broker_fencing_read_from_the_broker_counts() -> None:
+    _, message, _ = failover("classic", {**KAFKA_DEFAULTS, "broker.session.timeout.ms": "3000"},
+                             session_timeout=30.0)
+    assert "3 s (the broker's) + session_timeout 30 s = 33 s" in message
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_the_shortest_session_offered_for_a_faster_take_over_still_rides_through(
+        protocol: str) -> None:
+    # the advice must never trade L3 away: just above the floor it names, the ride-through
+    # check is ok; just below, it warns
+    _, _, fix = failover(protocol)
+    floor = float(re.search(r"above ([0-9.]+) s", fix).group(1))  # type: ignore[union-attr]
+    assert check(protocol, session_timeout=floor + 0.2)[0] == OK
+    assert check(protocol, session_timeout=floor - 0.2)[0] == WARNING
+    assert failover(protocol, session_timeout=floor + 0.5)[2] == ""
