@@ -12,9 +12,11 @@ fails if another module constructs a client.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -417,17 +419,90 @@ class _ConfluentProducer:
             log.debug("purging heartbeats on close failed", exc_info=True)
 
 
+#: librdkafka's own deadline for a request to a group's coordinator (its maximum, an hour): far
+#: beyond any caller's wait, so that librdkafka never times such a request out (_ConfluentAdmin).
+COORDINATOR_REQUEST_TIMEOUT = 3600.0
+
+#: Answers that mean the client's cached coordinator of the group is no longer its coordinator.
+_STALE_COORDINATOR = frozenset({"NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE"})
+
+
 class _ConfluentAdmin:
+    """The seam's admin over one confluent-kafka ``AdminClient``.
+
+    Requests to a group's coordinator (describing a group, reading its offsets) work around
+    two defects of librdkafka's admin client (2.16), both seen in the region-loss chaos
+    scenario (docs/internals/chaos.md):
+
+    - **The abort** (confluentinc/librdkafka#4605, #3663). When an admin request to a
+      coordinator times out *before it was sent* (its coordinator's broker is down or unknown)
+      and the client later finds the coordinator up, librdkafka releases the request's
+      enqueue-once twice and the process dies on ``Assertion 'eonce->refcnt > 0'``. So
+      librdkafka is never asked to time such a request out (:data:`COORDINATOR_REQUEST_TIMEOUT`):
+      the caller waits on the future for its own timeout, and a request still in flight is
+      waited on again by the next call for the same group instead of being sent anew.
+    - **The stale coordinator.** The client caches a group's coordinator and forgets it only
+      after it goes unused for a while, so a member polling its group keeps asking a broker
+      that answers ``NOT_COORDINATOR`` for as long as it polls. On that answer the client is
+      replaced by a new one, which looks the coordinator up again.
+    """
+
     def __init__(self, settings: Mapping[str, Any], client: Any = None) -> None:
         self._servers = settings.get("bootstrap.servers")
         self._brokers: list[int] = []   # broker ids from the last metadata response
         self._login = LoginRefusal()
+        # coordinator requests not yet answered: (kind, group) -> (future, monotonic start)
+        self._inflight: dict[tuple[str, str], tuple[Any, float]] = {}
+        self._inflight_lock = threading.Lock()
+        self._conf: KafkaSettings | None = None  # None: the caller's client, never replaced
         if client is not None:
             self._admin = client        # the caller's AdminClient (its own error_cb, if any)
             return
-        conf = KafkaSettings(_checked(settings))
-        conf.setdefault("error_cb", self._login)
-        self._admin = new_admin(conf)
+        self._conf = KafkaSettings(_checked(settings))
+        self._conf.setdefault("error_cb", self._login)
+        self._admin = new_admin(self._conf)
+
+    def _coordinator_call(self, kind: str, group_id: str, call: Any, timeout: float) -> Any:
+        """The answer of ``call(admin)``, a request to ``group_id``'s coordinator returning its
+        future, waited for up to ``timeout`` seconds (see the class's docstring). Raises
+        ``TimeoutError`` while it is unanswered, or what the future raises."""
+        key = (kind, group_id)
+        with self._inflight_lock:
+            future, since = self._inflight.get(key, (None, 0.0))
+            if future is not None and not future.done() and (
+                    time.monotonic() - since > COORDINATOR_REQUEST_TIMEOUT / 2):
+                # before librdkafka could time it out: a new client drops it safely
+                self._renew_locked()
+                future = None
+            if future is None or future.done():
+                future = call(self._admin)
+                self._inflight[key] = (future, time.monotonic())
+        try:
+            return future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"no answer from the coordinator of group {group_id!r} within {timeout:g} s;"
+                f" the request stays in flight and the next call waits for it") from None
+        except Exception as exc:
+            if _code(exc) in _STALE_COORDINATOR:
+                self._renew(exc)
+            raise
+
+    def _renew(self, exc: BaseException) -> None:
+        """Replace the client, whose cached coordinator answered ``exc``, by a new one."""
+        if self._conf is None:
+            return
+        log.info("the coordinator cached by the admin client at %s answered %s: using a new "
+                 "client, which looks it up again", self._servers, _code(exc))
+        with self._inflight_lock:
+            self._renew_locked()
+
+    def _renew_locked(self) -> None:
+        # dropping the last reference destroys the old client: its requests still in flight
+        # fail (not time out), and nobody waits for them
+        if self._conf is not None:
+            self._admin = new_admin(self._conf)
+            self._inflight.clear()
 
     def _unavailable(self, what: str, exc: BaseException, fix: str = "") -> NeliError:
         code = ""
@@ -461,8 +536,9 @@ class _ConfluentAdmin:
 
     def describe_group(self, group_id: str, timeout: float) -> GroupDescription | None:
         try:
-            futures = self._admin.describe_consumer_groups([group_id], request_timeout=timeout)
-            description = futures[group_id].result(timeout=timeout + 5)
+            description = self._coordinator_call(
+                "describe", group_id, lambda admin: admin.describe_consumer_groups(
+                    [group_id], request_timeout=COORDINATOR_REQUEST_TIMEOUT)[group_id], timeout)
         except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
             if "GROUP_ID_NOT_FOUND" in str(exc):
                 return None
@@ -487,9 +563,10 @@ class _ConfluentAdmin:
         from confluent_kafka import ConsumerGroupTopicPartitions
 
         try:
-            futures = self._admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group_id)], request_timeout=timeout)
-            result = futures[group_id].result(timeout=timeout + 5)
+            result = self._coordinator_call(
+                "offsets", group_id, lambda admin: admin.list_consumer_group_offsets(
+                    [ConsumerGroupTopicPartitions(group_id)],
+                    request_timeout=COORDINATOR_REQUEST_TIMEOUT)[group_id], timeout)
         except Exception as exc:  # noqa: BLE001 - KafkaException, timeouts
             raise KafkaUnavailableError(
                 f"cannot read the offsets of consumer group {group_id!r} at {self._servers}:"
@@ -637,6 +714,8 @@ class _ConfluentAdmin:
 
     def close(self) -> None:
         # AdminClient has no close(); dropping the reference destroys the handle
+        with self._inflight_lock:
+            self._inflight.clear()
         self._admin = None  # type: ignore[assignment]
 
 
