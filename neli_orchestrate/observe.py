@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard
 
 from neli_orchestrate.core.config import NeliConfig
+from neli_orchestrate.core.confluent import COORDINATOR_REQUEST_TIMEOUT
 from neli_orchestrate.core.heartbeat import decode_heartbeat
 from neli_orchestrate.core.namespace import Namespace
 from neli_orchestrate.core.roles import partition_for
@@ -523,8 +524,10 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
                   else _role_groups(admin, target))
         if not groups:
             return []
-        described = admin.describe_consumer_groups(list(groups.values()),
-                                                   request_timeout=target.connect_timeout)
+        # librdkafka never times a coordinator request out itself: a late coordinator would
+        # abort the process (core.confluent.COORDINATOR_REQUEST_TIMEOUT); the waits below do
+        described = admin.describe_consumer_groups(
+            list(groups.values()), request_timeout=COORDINATOR_REQUEST_TIMEOUT)
     except ck.KafkaException as exc:
         raise KafkaUnavailableError(
             f"cannot read the groups of namespace {target.namespace!r} at "
@@ -544,7 +547,7 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
     result = []
     for role, group in sorted(groups.items()):
         try:
-            description = described[group].result(timeout=target.connect_timeout + 5)
+            description = described[group].result(timeout=target.connect_timeout)
         except Exception as exc:  # noqa: BLE001 - shown per role
             result.append(RoleStatus(role=role, group=group, state="unknown", protocol="?",
                                      partition=None, notes=[f"cannot describe group: {exc}"]))
@@ -597,9 +600,9 @@ def collect_status(target: ClusterSettings, roles: Sequence[str], *, profile: st
             try:
                 spec = ck.ConsumerGroupTopicPartitions(
                     group, [ck.TopicPartition(names.leader_topic, partition)])
-                future = admin.list_consumer_group_offsets([spec],
-                                                           request_timeout=target.connect_timeout)
-                committed = future[group].result(timeout=target.connect_timeout + 5)
+                future = admin.list_consumer_group_offsets(
+                    [spec], request_timeout=COORDINATOR_REQUEST_TIMEOUT)
+                committed = future[group].result(timeout=target.connect_timeout)
                 offset = committed.topic_partitions[0].offset
                 st.end_offset = ends.get(partition)
                 if offset is not None and offset >= 0:

@@ -25,6 +25,7 @@ from neli_orchestrate.cli._context import Target, connection_options, setting_op
 from neli_orchestrate.cli._output import emit, json_option, progress, stdout, table
 from neli_orchestrate.errors import ConfigError
 from neli_orchestrate.observe import (
+    COORDINATOR_REQUEST_TIMEOUT,
     broker_config,
     broker_timeouts,
     describe_config,
@@ -415,8 +416,10 @@ class _Doctor:
         t, names = self.target, self.names
         probe = names.group_id(f"__neli_doctor_{uuid.uuid4().hex[:8]}")
         try:
+            # never librdkafka's own timeout on a coordinator request (core.confluent)
             description = self.admin.describe_consumer_groups(
-                [probe], request_timeout=t.timeout)[probe].result(timeout=t.timeout + 5)
+                [probe], request_timeout=COORDINATOR_REQUEST_TIMEOUT)[probe].result(
+                    timeout=t.timeout)
             del description
             self.add("acl", OK, f"DESCRIBE on groups like {probe!r} allowed")
         except ck.KafkaException as exc:
@@ -445,8 +448,9 @@ class _Doctor:
         finally:
             consumer.close()
         try:
-            self.admin.delete_consumer_groups([probe], request_timeout=t.timeout)[probe].result(
-                timeout=t.timeout + 5)
+            self.admin.delete_consumer_groups(
+                [probe], request_timeout=COORDINATOR_REQUEST_TIMEOUT)[probe].result(
+                    timeout=t.timeout)
         except Exception:  # noqa: BLE001 - the throwaway group expires with its offsets
             pass
 
