@@ -343,6 +343,7 @@ class RegionTrial:
     job_seconds: float
     mid: float  # seconds of the job before a mid-job fault
     sampler: Sampler
+    session_timeout: float | None = None
     runners: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     killed: set[str] = field(default_factory=set)
     restarts: list[dict[str, Any]] = field(default_factory=list)
@@ -351,8 +352,10 @@ class RegionTrial:
         env = {**os.environ, "NELI_DEPLOYMENT": region, "NELI_NAMESPACE": self.namespace,
                "NELI_BOOTSTRAP_SERVERS": self.world.bootstrap,
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        session = ([] if self.session_timeout is None
+                   else ["--session-timeout", f"{self.session_timeout:g}"])
         cmd = [sys.executable, "-m", "neli_orchestrate.cli", "-v", "run", "--role", ROLE,
-               "--run-key", self.run_key, "--wait-timeout", "600", "--",
+               "--run-key", self.run_key, "--wait-timeout", "600", *session, "--",
                sys.executable, "-c", JOB, str(self.sampler.log), str(self.job_seconds)]
         self.runners[region] = subprocess.Popen(
             _in_netns(self.world.netns[region], cmd), env=env, text=True,
@@ -426,7 +429,7 @@ class RegionTrial:
 
 def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
               broken: str | None, hold: float, job_seconds: float,
-              timeout: float) -> dict[str, Any]:
+              timeout: float, session_timeout: float | None = None) -> dict[str, Any]:
     name = f"{fault}-{n:03d}"
     root = workdir / name
     root.mkdir(parents=True, exist_ok=True)
@@ -443,7 +446,8 @@ def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
         namespace, placement = pick_namespace(world, controller)
         injected.update(region=first_region, node=controller, **placement)
         trial = RegionTrial(world, root, namespace, f"{name}-{uuid.uuid4().hex[:6]}",
-                            job_seconds * (6 if broken else 1), job_seconds / 3, sampler)
+                            job_seconds * (6 if broken else 1), job_seconds / 3, sampler,
+                            session_timeout=session_timeout)
         trial.start(first_region)
         first = trial.wait(f"{first_region}'s job", timeout,
                            lambda: sampler.first(deployment=first_region))
@@ -485,6 +489,7 @@ def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
     completed = sum(1 for r in ledger if str(r.state) == "COMPLETED")
     result = {
         "scenario": fault, "trial": n, "broken": broken, "error": error,
+        "session_timeout": session_timeout,
         "violations": violations, "completed": completed, "lost": int(completed == 0),
         "duplicates": int(completed > 1 or any("alive at once" in v for v in violations)),
         "takeover_seconds": takeover, "completed_after_seconds": completed_after,
@@ -616,6 +621,8 @@ _OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("--job-seconds", float, 12.0, "how long the job works"),
     ("--hold", float, 15.0, "seconds a one-way partition or a pause lasts"),
     ("--timeout", float, 180.0, "seconds for a trial's job to start and for its run to end"),
+    ("--session-timeout", float, None, "the deployments' session_timeout (default: the "
+     "`default` profile's 45 s; doctor's failover check gives the take-over it buys)"),
 )
 
 
@@ -669,7 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in range(1, args.trials + 1):  # round robin: a cut-short run covers each fault
                 for fault in args.faults:
                     results.append(run_trial(world, fault, n, out, workdir, args.broken,
-                                             args.hold, args.job_seconds, args.timeout))
+                                             args.hold, args.job_seconds, args.timeout,
+                                             args.session_timeout))
                     _report(results[-1])
     except NetnsError as exc:
         print(f"chaos region-loss: {exc}", file=sys.stderr)
