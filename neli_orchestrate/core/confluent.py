@@ -439,8 +439,12 @@ class _ConfluentAdmin:
       and the client later finds the coordinator up, librdkafka releases the request's
       enqueue-once twice and the process dies on ``Assertion 'eonce->refcnt > 0'``. So
       librdkafka is never asked to time such a request out (:data:`COORDINATOR_REQUEST_TIMEOUT`):
-      the caller waits on the future for its own timeout, and a request still in flight is
-      waited on again by the next call for the same group instead of being sent anew.
+      the caller waits on the future for its own timeout. When that passes, the client is
+      replaced (destroying a client fails its queued requests without the double release):
+      a coordinator's broker that died behind a black hole keeps its connection open, and
+      the old client would wait for ``socket.timeout.ms`` (60 s) before asking another.
+      Over a caller's client, which is not replaced, the next call for the same group waits
+      on the request still in flight instead of sending another.
     - **The stale coordinator.** The client caches a group's coordinator and forgets it only
       after it goes unused for a while, so a member polling its group keeps asking a broker
       that answers ``NOT_COORDINATOR`` for as long as it polls. On that answer the client is
@@ -480,9 +484,17 @@ class _ConfluentAdmin:
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
+            if self._conf is None:
+                raise TimeoutError(
+                    f"no answer from the coordinator of group {group_id!r} within {timeout:g}"
+                    f" s; the request stays in flight and the next call waits for it") from None
+            # A broker that died behind a black hole keeps its connection "up": librdkafka
+            # would wait for socket.timeout.ms (60 s) before asking anyone else
+            with self._inflight_lock:
+                self._renew_locked()
             raise TimeoutError(
                 f"no answer from the coordinator of group {group_id!r} within {timeout:g} s;"
-                f" the request stays in flight and the next call waits for it") from None
+                f" the next call asks through a new client") from None
         except Exception as exc:
             if _code(exc) in _STALE_COORDINATOR:
                 self._renew(exc)

@@ -7,8 +7,9 @@ deployment to it. The seam never lets librdkafka time such a request out
 (``core.confluent.COORDINATOR_REQUEST_TIMEOUT``). Each test runs a child process, because the
 defect kills its process: the child describes a group while no broker is reachable (the
 describe times out), then a proxy to the broker starts on the bootstrap address and the
-child describes again. The broken variant gives librdkafka a one-second deadline, as the seam
-used to, and must die.
+child describes again, through a client the seam made (replaced after the unanswered call) and
+through a caller's client (the unanswered request is waited on). The broken variant is the seam
+as it was, librdkafka's own one-second deadline and no replacement, and must die.
 
 The stale coordinator (a cached coordinator that answers ``NOT_COORDINATOR`` for as long as a
 member polls) needs a coordinator that moves: the unit test below fakes the client; the
@@ -17,6 +18,7 @@ region-loss scenario (docs/internals/chaos.md) runs it on three brokers.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -38,15 +40,20 @@ from integration.regions.delay_proxy import DelayProxy
 from neli_orchestrate.core import confluent
 from neli_orchestrate.core.client_settings import client_settings
 
-broker, broken = sys.argv[1], sys.argv[2] == "broken"
-if broken:
-    confluent.COORDINATOR_REQUEST_TIMEOUT = 1.0   # librdkafka times the request out itself
+broker, variant = sys.argv[1], sys.argv[2]
+if variant == "broken":               # the seam as it was: librdkafka times the request out
+    confluent.COORDINATOR_REQUEST_TIMEOUT = 1.0
+    confluent._ConfluentAdmin._renew_locked = lambda self: None
 host, port = broker.rsplit(":", 1)
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     free = s.getsockname()[1]
-admin = confluent.ConfluentKafka().admin(client_settings(
-    f"127.0.0.1:{free}", logger="child", defaults={"reconnect.backoff.max.ms": 500}))
+settings = client_settings(f"127.0.0.1:{free}", logger="child",
+                           defaults={"reconnect.backoff.max.ms": 500})
+if variant == "wrapped":              # a caller's client: never replaced, the request waited on
+    admin = confluent.ConfluentKafka().wrap_admin(confluent.new_admin(settings))
+else:
+    admin = confluent.ConfluentKafka().admin(settings)
 try:
     admin.describe_group("g", 1.0)
     print("answered with no broker", flush=True)
@@ -75,11 +82,14 @@ def child(kafka_broker: str, variant: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize(("variant", "then"), [
+    ("owned", "the next call asks through a new client"),
+    ("wrapped", "the request stays in flight and the next call waits for it")])
 def test_a_describe_unanswered_while_no_broker_is_up_is_answered_once_one_is(
-        kafka_broker: str) -> None:
-    done = child(kafka_broker, "fixed")
+        kafka_broker: str, variant: str, then: str) -> None:
+    done = child(kafka_broker, variant)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "unanswered:" in done.stdout and "stays in flight" in done.stdout
+    assert "unanswered:" in done.stdout and then in done.stdout, done.stdout
     assert "described: GroupDescription(group_id='g'" in done.stdout, done.stdout
     assert done.stdout.rstrip().endswith("alive")
 
@@ -142,3 +152,29 @@ def test_a_stale_coordinator_of_a_callers_client_is_reported_not_replaced() -> N
         with pytest.raises(Exception, match="NOT_COORDINATOR"):
             admin.describe_group("g", 1.0)
     assert stale.asked == 2
+
+
+class _Unanswered(_Future):
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def done(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise concurrent.futures.TimeoutError
+
+
+def test_an_unanswered_describe_replaces_the_client_a_black_hole_would_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    held = _Client(None)
+    held.describe_consumer_groups = lambda groups, **_: (  # type: ignore[method-assign]
+        setattr(held, "asked", held.asked + 1) or {groups[0]: _Unanswered()})
+    fresh = _Client(_Described())
+    made = iter([held, fresh])
+    monkeypatch.setattr(confluent, "new_admin", lambda settings: next(made))
+    admin = confluent.ConfluentKafka().admin(client_settings("x:1", logger="t"))
+    with pytest.raises(Exception, match="through a new client"):
+        admin.describe_group("g", 0.01)
+    assert admin.describe_group("g", 0.01) is not None
+    assert (held.asked, fresh.asked) == (1, 1)
