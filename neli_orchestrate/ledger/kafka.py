@@ -184,11 +184,18 @@ def ledger_settings(config: KafkaLedgerConfig, *, required: Mapping[str, Any] | 
                            call: Mapping[str, Any] | None = None) -> KafkaSettings:
     """The settings of one of the ledger's clients (core's one builder): its logs go to
     ``neli_orchestrate.ledger.kafka.librdkafka``; the claim waits for the writer's and the replay
-    consumer's first requests, hence the member clients' short first reconnect."""
+    consumer's first requests, hence the member clients' short first reconnect.
+
+    A request in flight is given up after ``request_timeout`` (``socket.timeout.ms``; the
+    transactional writer's may not exceed its transaction timeout), not librdkafka's 60 s: a
+    broker lost behind a black hole keeps its connection open, and a kept replay consumer's
+    fetch to it held a region-loss take-over back for a minute (docs/internals/chaos.md)."""
+    socket_timeout = min(config.request_timeout, config.transaction_timeout)
     return client_settings(
         config.bootstrap_servers, logger=logging.getLogger(__name__ + ".librdkafka"),
         required=required, call=call, user=config.kafka_config,
-        defaults={"reconnect.backoff.ms": RECONNECT_BACKOFF_MS},
+        defaults={"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                  "socket.timeout.ms": max(1000, int(socket_timeout * 1000))},
         why={key: "the ledger manages it" for key in _PROTECTED})
 
 
