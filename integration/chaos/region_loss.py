@@ -344,6 +344,7 @@ class RegionTrial:
     mid: float  # seconds of the job before a mid-job fault
     sampler: Sampler
     session_timeout: float | None = None
+    group_protocol: str | None = None
     runners: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     killed: set[str] = field(default_factory=set)
     restarts: list[dict[str, Any]] = field(default_factory=list)
@@ -354,6 +355,8 @@ class RegionTrial:
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         session = ([] if self.session_timeout is None
                    else ["--session-timeout", f"{self.session_timeout:g}"])
+        if self.group_protocol is not None:
+            session += ["--group-protocol", self.group_protocol]
         cmd = [sys.executable, "-m", "neli_orchestrate.cli", "-v", "run", "--role", ROLE,
                "--run-key", self.run_key, "--wait-timeout", "600", *session, "--",
                sys.executable, "-c", JOB, str(self.sampler.log), str(self.job_seconds)]
@@ -429,7 +432,8 @@ class RegionTrial:
 
 def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
               broken: str | None, hold: float, job_seconds: float,
-              timeout: float, session_timeout: float | None = None) -> dict[str, Any]:
+              timeout: float, session_timeout: float | None = None,
+              group_protocol: str | None = None) -> dict[str, Any]:
     name = f"{fault}-{n:03d}"
     root = workdir / name
     root.mkdir(parents=True, exist_ok=True)
@@ -447,7 +451,7 @@ def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
         injected.update(region=first_region, node=controller, **placement)
         trial = RegionTrial(world, root, namespace, f"{name}-{uuid.uuid4().hex[:6]}",
                             job_seconds * (6 if broken else 1), job_seconds / 3, sampler,
-                            session_timeout=session_timeout)
+                            session_timeout=session_timeout, group_protocol=group_protocol)
         trial.start(first_region)
         first = trial.wait(f"{first_region}'s job", timeout,
                            lambda: sampler.first(deployment=first_region))
@@ -489,7 +493,7 @@ def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
     completed = sum(1 for r in ledger if str(r.state) == "COMPLETED")
     result = {
         "scenario": fault, "trial": n, "broken": broken, "error": error,
-        "session_timeout": session_timeout,
+        "session_timeout": session_timeout, "group_protocol": group_protocol,
         "violations": violations, "completed": completed, "lost": int(completed == 0),
         "duplicates": int(completed > 1 or any("alive at once" in v for v in violations)),
         "takeover_seconds": takeover, "completed_after_seconds": completed_after,
@@ -623,6 +627,8 @@ _OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("--timeout", float, 180.0, "seconds for a trial's job to start and for its run to end"),
     ("--session-timeout", float, None, "the deployments' session_timeout (default: the "
      "`default` profile's 45 s; doctor's failover check gives the take-over it buys)"),
+    ("--group-protocol", str, None, "the deployments' group_protocol (default `auto`: KIP-848 "
+     "groups here, whose session is the broker's group.consumer.session.timeout.ms)"),
 )
 
 
@@ -677,7 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for fault in args.faults:
                     results.append(run_trial(world, fault, n, out, workdir, args.broken,
                                              args.hold, args.job_seconds, args.timeout,
-                                             args.session_timeout))
+                                             args.session_timeout, args.group_protocol))
                     _report(results[-1])
     except NetnsError as exc:
         print(f"chaos region-loss: {exc}", file=sys.stderr)
