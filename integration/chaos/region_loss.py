@@ -314,10 +314,16 @@ def pick_namespace(world: RegionWorld, node: int) -> tuple[str, dict[str, int]]:
     on ``node``."""
     from neli_orchestrate.core.namespace import derive
 
+    def leads_both(leaders: dict[str, dict[int, int]]) -> bool:
+        return all(node in leaders[topic].values() for topic in COORDINATOR_TOPICS)
+
     leaders = world.coordinators()
-    if node not in leaders["__consumer_offsets"].values() or node not in leaders[
-            "__transaction_state"].values():
+    deadline = time.monotonic() + 180
+    while not leads_both(leaders) and time.monotonic() < deadline:
+        # a node started again leads nothing until it is back in the in-sync sets, and a
+        # preferred election refuses it until then: elect again until it leads
         world.elect_preferred()
+        time.sleep(2)
         leaders = world.coordinators()
     offsets, txn = leaders["__consumer_offsets"], leaders["__transaction_state"]
     for _ in range(10000):
