@@ -119,41 +119,6 @@ class _Described:
     members: list[Any] = []
 
 
-class _Client:
-    """An AdminClient whose coordinator cache holds ``answer`` for every describe."""
-
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-        self.asked = 0
-
-    def describe_consumer_groups(self, groups: list[str], **_: Any) -> dict[str, _Future]:
-        self.asked += 1
-        return {groups[0]: _Future(self.answer)}
-
-
-def test_a_stale_coordinators_answer_replaces_the_client(monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
-    stale = _Client(KafkaException(KafkaError(KafkaError.NOT_COORDINATOR)))
-    fresh = _Client(_Described())
-    made = iter([stale, fresh])
-    monkeypatch.setattr(confluent, "new_admin", lambda settings: next(made))
-    admin = confluent.ConfluentKafka().admin(client_settings("x:1", logger="t"))
-    with pytest.raises(Exception, match="NOT_COORDINATOR"):
-        admin.describe_group("g", 1.0)
-    described = admin.describe_group("g", 1.0)
-    assert described is not None and described.state == "STABLE"
-    assert (stale.asked, fresh.asked) == (1, 1)
-
-
-def test_a_stale_coordinator_of_a_callers_client_is_reported_not_replaced() -> None:
-    stale = _Client(KafkaException(KafkaError(KafkaError.NOT_COORDINATOR)))
-    admin = confluent.ConfluentKafka().wrap_admin(stale)
-    for _ in range(2):
-        with pytest.raises(Exception, match="NOT_COORDINATOR"):
-            admin.describe_group("g", 1.0)
-    assert stale.asked == 2
-
-
 class _Unanswered(_Future):
     def __init__(self) -> None:
         super().__init__(None)
@@ -165,16 +130,42 @@ class _Unanswered(_Future):
         raise concurrent.futures.TimeoutError
 
 
-def test_an_unanswered_describe_replaces_the_client_a_black_hole_would_hold(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    held = _Client(None)
-    held.describe_consumer_groups = lambda groups, **_: (  # type: ignore[method-assign]
-        setattr(held, "asked", held.asked + 1) or {groups[0]: _Unanswered()})
-    fresh = _Client(_Described())
-    made = iter([held, fresh])
+class _Client:
+    """An AdminClient whose describes all end as ``future`` does."""
+
+    def __init__(self, future: _Future) -> None:
+        self.future = future
+        self.asked = 0
+
+    def describe_consumer_groups(self, groups: list[str], **_: Any) -> dict[str, _Future]:
+        self.asked += 1
+        return {groups[0]: self.future}
+
+
+STALE = _Future(KafkaException(KafkaError(KafkaError.NOT_COORDINATOR)))
+
+
+@pytest.mark.parametrize(("first", "error"), [
+    (STALE, "NOT_COORDINATOR"),                  # its cached coordinator is no longer one
+    (_Unanswered(), "through a new client"),     # a black hole would hold it for 60 s
+], ids=["stale-coordinator", "unanswered"])
+def test_the_seams_client_is_replaced_after_a_stale_or_a_missing_answer(
+        monkeypatch: pytest.MonkeyPatch, first: _Future, error: str) -> None:
+    old, fresh = _Client(first), _Client(_Future(_Described()))
+    made = iter([old, fresh])
     monkeypatch.setattr(confluent, "new_admin", lambda settings: next(made))
     admin = confluent.ConfluentKafka().admin(client_settings("x:1", logger="t"))
-    with pytest.raises(Exception, match="through a new client"):
+    with pytest.raises(Exception, match=error):
         admin.describe_group("g", 0.01)
-    assert admin.describe_group("g", 0.01) is not None
-    assert (held.asked, fresh.asked) == (1, 1)
+    described = admin.describe_group("g", 0.01)
+    assert described is not None and described.state == "STABLE"
+    assert (old.asked, fresh.asked) == (1, 1)
+
+
+def test_a_stale_coordinator_of_a_callers_client_is_reported_not_replaced() -> None:
+    stale = _Client(STALE)
+    admin = confluent.ConfluentKafka().wrap_admin(stale)
+    for _ in range(2):
+        with pytest.raises(Exception, match="NOT_COORDINATOR"):
+            admin.describe_group("g", 1.0)
+    assert stale.asked == 2
