@@ -99,9 +99,10 @@ def test_dagster_daemon_held_on_two_hosts_runs_each_tick_once(kafka_broker, tmp_
         assert second in _descendants(other.proc.pid)
         assert took < SESSION + 30, took  # session timeout plus the daemon's start-up
         ticks_before = set(runs_by_tick(home))
-        # two more ticks under the new daemon
-        wait_for(lambda: len(set(runs_by_tick(home)) - ticks_before) >= 2, 200,
-                 "two ticks under the second daemon")
+        # one more tick under the new daemon: with the first tick it spans the hand-over, so
+        # the one-minute spacing below still shows none was missed (a second one added ~60 s)
+        wait_for(lambda: len(set(runs_by_tick(home)) - ticks_before) >= 1, 140,
+                 "a tick under the second daemon")
         by_tick = runs_by_tick(home)
         print(f"\ndaemon hand-over {took:.1f} s after kill -9; ticks {sorted(by_tick)}")
         assert all(len(runs) == 1 for runs in by_tick.values()), by_tick
