@@ -633,8 +633,7 @@ _OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("--timeout", float, 180.0, "seconds for a trial's job to start and for its run to end"),
     ("--session-timeout", float, None, "the deployments' session_timeout (default: the "
      "`default` profile's 45 s; doctor's failover check gives the take-over it buys)"),
-    ("--group-protocol", str, None, "the deployments' group_protocol (default `auto`: KIP-848 "
-     "groups here, whose session is the broker's group.consumer.session.timeout.ms)"),
+    ("--group-protocol", str, None, "the deployments' group_protocol (default `auto`)"),
 )
 
 

@@ -175,7 +175,7 @@ def failover_check(r: ResolvedConfig, protocol: str,
                f"with it (a lost region), no sooner than broker.session.timeout.ms {fence:g} s "
                f"({source}) + session_timeout {session:g} s = {fence + session:g} s, as the "
                f"new coordinator restarts every member's session, then a rebalance and the "
-               f"claim (about 10 s across regions, docs/internals/chaos.md)")
+               f"claim (a few seconds across regions, docs/internals/chaos.md)")
     fix = ""
     if session > shortest + 1:
         fix = (f"for a faster take-over, lower session_timeout, but keep it above "
