@@ -279,7 +279,8 @@ class KafkaLedger:
         #: The topic's delete.retention.ms in seconds (None: unknown, no checkpoint is trusted).
         self._delete_retention: float | None = None
         #: Producers being created and connected before leading, by role (see prepare()).
-        self._prepared: dict[str, Future[Any]] = {}
+        # role -> (the producer being connected, monotonic time prepare() started it)
+        self._prepared: dict[str, tuple[Future[Any], float]] = {}
         #: Healthy producers released by a claim, by role, with the highest token of the role
         #: they had seen (see resume()); each is checked out by one writer at a time.
         self._kept: dict[str, tuple[Any, int, float]] = {}
@@ -541,7 +542,7 @@ class KafkaLedger:
     def _fenced_producer(self, role: str) -> Any:
         """A producer of ``role`` after ``init_transactions()``: every earlier one is fenced."""
         with self._lock:
-            prepared = self._prepared.pop(role, None)
+            prepared, since = self._prepared.pop(role, (None, 0.0))
         ck = _kafka()
         producer = None
         if prepared is not None:
@@ -549,6 +550,15 @@ class KafkaLedger:
                 producer = prepared.result(timeout=self.config.request_timeout * 2)
             except Exception as exc:  # noqa: BLE001 - created again below, errors reported there
                 logger.debug("the prepared ledger producer of %r is unusable: %s", role, exc)
+        if producer is not None and self._monotonic() - since > self.config.request_timeout:
+            # Prepared before a wait (the role was busy): what it learnt of the cluster then
+            # may be a lost broker's, whose open connection it would wait on for its request
+            # timeout (region-loss trials, docs/internals/chaos.md). The head start is for the
+            # join, not for a wait: a new producer.
+            logger.debug("the ledger producer of %r was prepared %.0f s ago: a new one", role,
+                         self._monotonic() - since)
+            _close_quietly(producer)
+            producer = None
         if producer is None:
             producer = self._producer(role)
         try:
@@ -591,7 +601,7 @@ class KafkaLedger:
             if role in self._prepared or self._closed:
                 return
             future: Future[Any] = Future()
-            self._prepared[role] = future
+            self._prepared[role] = (future, self._monotonic())
         # Connecting takes a round trip or two: it runs while the caller joins the group.
         threading.Thread(target=self._connect, args=(role, future), daemon=True,
                          name=f"neli-ledger-connect-{role}").start()
@@ -921,7 +931,7 @@ class KafkaLedger:
         with self._lock:
             self._closed = True
             prepared, self._prepared = list(self._prepared.values()), {}
-            for future in prepared:
+            for future, _ in prepared:
                 if future.done() and future.exception() is None:
                     _close_quietly(future.result())
             kept, self._kept = list(self._kept.values()), {}

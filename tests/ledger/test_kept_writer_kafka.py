@@ -140,3 +140,26 @@ def test_a_producer_kept_too_long_is_dropped_and_the_next_claim_fences_anew(
     assert not fresh.reused
     assert claim_with(fresh, "2013-01-02").token > one.token
     fresh.close()
+
+
+@pytest.mark.parametrize(("waited", "same"), [(0.0, True), (60.0, False)])
+def test_a_producer_prepared_before_a_wait_is_not_the_one_that_fences(
+        kafka_broker: str, ledgers: list[KafkaLedger], topic: str, waited: float,
+        same: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # prepare() connects the role's producer while the gate joins; a gate that then waited
+    # (the role was busy) must not fence with it: what it learnt of the cluster may be a lost
+    # broker's (docs/internals/chaos.md, the region-loss trials)
+    us = open_ledger(ledgers, kafka_broker, topic)
+    made: list[object] = []
+    producer = us._producer
+    monkeypatch.setattr(us, "_producer", lambda role: made.append(producer(role)) or made[-1])
+    now = time.monotonic()
+    us._monotonic = lambda: now
+    us.prepare(ROLE)
+    us._monotonic = lambda: now + waited
+    writer = us.begin(ROLE)
+    try:
+        assert writer.replay().next_token >= 0
+        assert (len(made), writer._producer is made[0]) == ((1, True) if same else (2, False))
+    finally:
+        writer.close()
