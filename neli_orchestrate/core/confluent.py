@@ -513,6 +513,10 @@ class _ConfluentAdmin:
         # dropping the last reference destroys the old client: its requests still in flight
         # fail (not time out), and nobody waits for them
         if self._conf is not None:
+            # serve the old client's callbacks first: a refused login is reported only there
+            # (LoginRefusal), and the request it failed says no more than that it timed out
+            with contextlib.suppress(Exception):
+                self._admin.poll(0)
             self._admin = new_admin(self._conf)
             self._inflight.clear()
 
