@@ -16,7 +16,6 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -455,8 +454,8 @@ class _ConfluentAdmin:
         self._servers = settings.get("bootstrap.servers")
         self._brokers: list[int] = []   # broker ids from the last metadata response
         self._login = LoginRefusal()
-        # coordinator requests not yet answered: (kind, group) -> (future, monotonic start)
-        self._inflight: dict[tuple[str, str], tuple[Any, float]] = {}
+        # coordinator requests not yet answered: (kind, group) -> future
+        self._inflight: dict[tuple[str, str], Any] = {}
         self._inflight_lock = threading.Lock()
         self._conf: KafkaSettings | None = None  # None: the caller's client, never replaced
         if client is not None:
@@ -472,15 +471,9 @@ class _ConfluentAdmin:
         ``TimeoutError`` while it is unanswered, or what the future raises."""
         key = (kind, group_id)
         with self._inflight_lock:
-            future, since = self._inflight.get(key, (None, 0.0))
-            if future is not None and not future.done() and (
-                    time.monotonic() - since > COORDINATOR_REQUEST_TIMEOUT / 2):
-                # before librdkafka could time it out: a new client drops it safely
-                self._renew_locked()
-                future = None
+            future = self._inflight.get(key)
             if future is None or future.done():
-                future = call(self._admin)
-                self._inflight[key] = (future, time.monotonic())
+                future = self._inflight[key] = call(self._admin)
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
