@@ -242,6 +242,9 @@ _END_RETRY = 0.1
 #: transaction holding it back (once, as a warning).
 _STUCK_WARNING = 2.0
 
+#: Seconds closing a ledger producer serves its purged messages' reports (_close_quietly).
+_CLOSE_FLUSH = 1.0
+
 #: Seconds a released producer may wait for the role's next claim before it is dropped
 #: (the next claim then fences anew).
 _KEEP_AT_MOST = 600.0
@@ -954,16 +957,29 @@ class KafkaLedger:
 
 
 def _close_quietly(producer: Any) -> None:
+    """Close a ledger producer without waiting on the cluster.
+
+    Whatever it still holds belongs to a transaction that was not committed (or whose commit
+    has an unknown outcome, settled by the next ``init_transactions()``), so it is purged, not
+    delivered: confluent-kafka's ``close()`` flushes with no timeout, and with a partition
+    leaderless or a broker gone that blocked the caller for as long as the messages lived.
+    Should anything remain, the producer is dropped instead (destroying it fails what it held).
+    """
     # A fenced producer raises (or warns about) its fatal error when closed; that error was
     # already reported as FencedError, so here it is only noise.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         try:
+            purge = getattr(producer, "purge", None)
+            if purge is not None:
+                purge()
+            flush = getattr(producer, "flush", None)
+            if flush is not None and flush(_CLOSE_FLUSH) > 0:
+                logger.debug("ledger producer still holds messages after a purge: dropped")
+                return
             close = getattr(producer, "close", None)
             if close is not None:
                 close()
-            else:
-                producer.flush(0)
         except Exception as exc:  # noqa: BLE001
             logger.debug("closing ledger producer: %s", exc)
 

@@ -209,7 +209,8 @@ def cluster() -> Iterator[LocalKafkaCluster]:
         yield started
 
 
-@pytest.mark.timeout(900)
+# ~2 minutes; a run that takes five has hung (pytest-timeout then prints every thread's stack)
+@pytest.mark.timeout(300)
 def test_tokens_strictly_increase_while_the_ledger_leader_is_killed(
     cluster: LocalKafkaCluster, tmp_path: Path, broken: bool, end_answers: EndAnswers,
 ) -> None:
