@@ -15,6 +15,7 @@ directory that already holds them (an air-gapped machine, a cluster image);
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -164,13 +165,44 @@ def spark_jars(jars: Path, *, delta: bool = True, iceberg: bool = True) -> str:
 
 
 def _has_table_classes(gateway: Any) -> bool:
-    """Whether a running driver JVM can load the Delta and Iceberg Spark classes."""
+    """Whether a running driver JVM can load the Delta and Iceberg Spark classes (False when
+    the JVM no longer answers)."""
     from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 
-    jvm = gateway.jvm
-    return isinstance(jvm.io.delta.sql.DeltaSparkSessionExtension, JavaClass) and isinstance(
-        jvm.org.apache.iceberg.spark.SparkCatalog, JavaClass
-    )
+    try:
+        jvm = gateway.jvm
+        return isinstance(jvm.io.delta.sql.DeltaSparkSessionExtension, JavaClass) and (
+            isinstance(jvm.org.apache.iceberg.spark.SparkCatalog, JavaClass))
+    except (Py4JError, OSError) as exc:
+        log.warning("the driver JVM of an earlier session does not answer (%s): replacing it",
+                    exc)
+        return False
+
+
+def _end_gateway(context: Any) -> None:
+    """End this process's driver JVM (``context``: pyspark's SparkContext class) and forget it.
+
+    It exits when its stdin closes; one that has not exited a minute later (its shutdown
+    hooks stuck) is killed, so that one stuck JVM does not fail every later session.
+    """
+    gateway = context._gateway
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            log.warning("the driver JVM (pid %d) did not exit within 60 s of its stdin closing;"
+                        " killing it", proc.pid)
+            proc.kill()
+            proc.wait(timeout=30)
+    context._gateway = None
+    context._jvm = None
 
 
 def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "neli",
@@ -203,16 +235,9 @@ def local_table_session(warehouse: str | os.PathLike[str], *, catalog: str = "ne
         )
     gateway = SparkContext._gateway
     if gateway is not None and (extra_jars or not _has_table_classes(gateway)):
-        # The JVM of an earlier session lacks our jars on the driver's classpath: end it (it
-        # exits when its stdin closes) so the next session launches a fresh one with them.
-        gateway.shutdown()
-        proc = getattr(gateway, "proc", None)
-        if proc is not None:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            proc.wait(timeout=60)
-        SparkContext._gateway = None
-        SparkContext._jvm = None
+        # The JVM of an earlier session lacks our jars on the driver's classpath (or is gone):
+        # end it so the next session launches a fresh one with them.
+        _end_gateway(SparkContext)
     jars = ensure_table_format_jars()
     conf = {
         **iceberg_catalog_conf(catalog, str(warehouse), extensions=False),
