@@ -94,6 +94,8 @@ INDEX = {name: 31 + i for i, name in enumerate(REGIONS)}
 ROLE = "job"
 #: Restarts of a failed deployment per region and trial (an orchestrator's retries).
 MAX_RESTARTS = 3
+#: Times a trial that could not be placed (PlacementError) is tried again before it is given up.
+PLACEMENT_ATTEMPTS = 3
 COORDINATOR_TOPICS = ("__consumer_offsets", "__transaction_state")
 #: One way, plus a uniform jitter of up to as much again: a round trip of 30-60 ms.
 ONE_WAY = 0.015
@@ -309,6 +311,12 @@ def _partition_for(key: str, partitions: int) -> int:
     return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
+class PlacementError(HarnessError):
+    """No namespace could be placed on the node to kill: the trial is not run (and not a lost
+    run). A node started again after an earlier trial leads no coordinator partition until it
+    is back in their in-sync sets; now and then that takes longer than the wait."""
+
+
 def pick_namespace(world: RegionWorld, node: int) -> tuple[str, dict[str, int]]:
     """A fresh namespace whose role group and ledger transactional id have their coordinators
     on ``node``."""
@@ -334,7 +342,7 @@ def pick_namespace(world: RegionWorld, node: int) -> tuple[str, dict[str, int]]:
         g, t = _partition_for(group, len(offsets)), _partition_for(tid, len(txn))
         if offsets[g] == node and txn[t] == node:
             return name, {"group_partition": g, "txn_partition": t}
-    raise HarnessError(f"node {node} leads no offsets or no transaction-state partition")
+    raise PlacementError(f"node {node} leads no offsets or no transaction-state partition")
 
 
 # -- a trial -------------------------------------------------------------------------------------
@@ -449,12 +457,18 @@ def run_trial(world: RegionWorld, fault: str, n: int, out: Path, workdir: Path,
     takeover = completed_after = None
     trial: RegionTrial | None = None
     ledger: list[Any] = []
-    sampler = Sampler(root / "work.log").start()
-    try:
+    try:  # nothing has started yet: a trial that cannot be placed is not run
         controller = world.active_controller()
         first_region = REGIONS[controller - 1]
         namespace, placement = pick_namespace(world, controller)
-        injected.update(region=first_region, node=controller, **placement)
+    except HarnessError as exc:
+        result = {"scenario": fault, "trial": n, "not_run": f"{type(exc).__name__}: {exc}",
+                  "seconds": round(time.time() - began, 1)}
+        (out / f"{name}.not-run-{int(began)}.json").write_text(json.dumps(result, indent=2))
+        return result
+    injected.update(region=first_region, node=controller, **placement)
+    sampler = Sampler(root / "work.log").start()
+    try:
         trial = RegionTrial(world, root, namespace, f"{name}-{uuid.uuid4().hex[:6]}",
                             job_seconds * (6 if broken else 1), job_seconds / 3, sampler,
                             session_timeout=session_timeout, group_protocol=group_protocol)
@@ -581,12 +595,14 @@ def _restore(world: RegionWorld, fault: str, injected: dict[str, Any]) -> None:
 def summarize(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     table = {}
     for fault in dict.fromkeys(r["scenario"] for r in results):
-        rows = [r for r in results if r["scenario"] == fault]
+        not_run = sum(1 for r in results if r["scenario"] == fault and "not_run" in r)
+        rows = [r for r in results if r["scenario"] == fault and "not_run" not in r]
         takeovers = [r["takeover_seconds"] for r in rows if r["takeover_seconds"] is not None]
         completions = [r["completed_after_seconds"] for r in rows
                        if r["completed_after_seconds"] is not None]
         table[fault] = {
-            "trials": len(rows), "errors": sum(1 for r in rows if r["error"]),
+            "trials": len(rows), "not_run": not_run,
+            "errors": sum(1 for r in rows if r["error"]),
             "with_violations": sum(1 for r in rows if r["violations"]),
             "duplicates": sum(r["duplicates"] for r in rows),
             "lost": sum(r["lost"] for r in rows),
@@ -611,7 +627,8 @@ def _pair(row: dict[str, Any], name: str) -> str:
 #: The summary table's columns: (header, the cell of a fault's row).
 _COLUMNS: tuple[tuple[str, Any], ...] = (
     *((name.replace("_", " "), lambda row, key=name: _num(row[key])) for name in (
-        "trials", "with_violations", "duplicates", "lost", "errors", "restarts", "takeovers")),
+        "trials", "not_run", "with_violations", "duplicates", "lost", "errors", "restarts",
+        "takeovers")),
     ("take-over p50 / p99 (s)", lambda row: _pair(row, "takeover")),
     ("fault → COMPLETED p50 / p99 (s)", lambda row: _pair(row, "completed")),
 )
@@ -659,6 +676,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _report(result: dict[str, Any]) -> None:
+    if "not_run" in result:
+        print(f"chaos region-loss: {result['scenario']} #{result['trial']}: not run"
+              f" ({result['not_run']}); placing it again", flush=True)
+        return
     error = f" ERROR {result['error']}" if result["error"] else ""
     lines = [f"chaos region-loss: {result['scenario']} #{result['trial']}:"
              f" completed={result['completed']} takeover={result['takeover_seconds']} s"
@@ -686,10 +707,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"chaos region-loss: cluster ready at {world.bootstrap}", flush=True)
             for n in range(1, args.trials + 1):  # round robin: a cut-short run covers each fault
                 for fault in args.faults:
-                    results.append(run_trial(world, fault, n, out, workdir, args.broken,
-                                             args.hold, args.job_seconds, args.timeout,
-                                             args.session_timeout, args.group_protocol))
-                    _report(results[-1])
+                    for _attempt in range(PLACEMENT_ATTEMPTS):
+                        results.append(run_trial(world, fault, n, out, workdir, args.broken,
+                                                 args.hold, args.job_seconds, args.timeout,
+                                                 args.session_timeout, args.group_protocol))
+                        _report(results[-1])
+                        if "not_run" not in results[-1]:
+                            break
     except NetnsError as exc:
         print(f"chaos region-loss: {exc}", file=sys.stderr)
         return 2
@@ -698,8 +722,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     broken = f" (BROKEN: {BROKEN[args.broken]})" if args.broken else ""
     text = f"### region-loss chaos{broken}\n\n{markdown(table)}\n"
     (out / "summary.md").write_text(text)
-    failed = sum(1 for r in results if r["violations"] or r["error"] or r["lost"])
-    print(f"{text}\nchaos region-loss: {len(results)} trials, {failed} failed checks", flush=True)
+    ran = [r for r in results if "not_run" not in r]
+    failed = sum(1 for r in ran if r["violations"] or r["error"] or r["lost"])
+    failed += sum(1 for row in table.values() if row["trials"] < args.trials)
+    print(f"{text}\nchaos region-loss: {len(ran)} trials ({len(results) - len(ran)} not run),"
+          f" {failed} failed checks", flush=True)
     if own_workdir and not failed:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0

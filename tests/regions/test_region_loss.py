@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from integration.chaos.region_loss import _java_hash, _partition_for
+from integration.chaos.region_loss import _java_hash, _partition_for, markdown, summarize
 from integration.regions.delay_proxy import DelayProxy
 
 
@@ -93,3 +93,19 @@ def test_the_coordinator_hash_is_javas_string_hash_code():
     assert _java_hash("polygenelubricants") == -(2**31)  # Integer.MIN_VALUE: abs() is 0
     assert _partition_for("polygenelubricants", 6) == 0
     assert _partition_for("Hello World", 6) == 862545276 % 6
+
+
+def _ran(takeover: float, lost: int = 0) -> dict:
+    return {"scenario": "region", "error": None, "violations": [], "lost": lost,
+            "duplicates": 0, "restarts": [], "takeover_seconds": takeover,
+            "completed_after_seconds": takeover + 12}
+
+
+def test_a_trial_that_could_not_be_placed_is_counted_apart_not_as_a_lost_run() -> None:
+    not_run = {"scenario": "region", "trial": 2, "not_run": "PlacementError: node 3 leads no"
+               " offsets or no transaction-state partition", "seconds": 181.0}
+    table = summarize([_ran(50.0), not_run, _ran(48.0)])
+    row = table["region"]
+    assert (row["trials"], row["not_run"], row["lost"], row["takeovers"]) == (2, 1, 0, 2)
+    assert row["takeover_p99"] is not None and row["takeover_p99"] <= 50.0
+    assert "| region | 2 | 1 |" in markdown(table)
