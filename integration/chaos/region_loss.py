@@ -270,6 +270,15 @@ class RegionWorld:
             raise HarnessError("no node's quorum-state names a controller leader")
         return best[0]
 
+    def bounce(self, node_id: int) -> None:
+        """Stop a node (SIGTERM) and start it again with its data. The quorum elects another
+        controller meanwhile, and the node rejoins the in-sync sets from a clean start: what
+        the harness does when it cannot place a trial on the active controller."""
+        logger.warning("node %d leads no coordinator partition: restarting it", node_id)
+        self.cluster.nodes[node_id]._kill(30)
+        self.cluster.restart(node_id, timeout=300)
+        self.elect_preferred()
+
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
 
@@ -314,7 +323,8 @@ def _partition_for(key: str, partitions: int) -> int:
 class PlacementError(HarnessError):
     """No namespace could be placed on the node to kill: the trial is not run (and not a lost
     run). A node started again after an earlier trial leads no coordinator partition until it
-    is back in their in-sync sets; now and then that takes longer than the wait."""
+    is back in their in-sync sets; now and then that takes longer than the wait. The run then
+    restarts that node (RegionWorld.bounce) and places the trial again."""
 
 
 def pick_namespace(world: RegionWorld, node: int) -> tuple[str, dict[str, int]]:
@@ -714,6 +724,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         _report(results[-1])
                         if "not_run" not in results[-1]:
                             break
+                        try:
+                            world.bounce(world.active_controller())
+                        except Exception:  # noqa: BLE001 - the next attempt says if it helped
+                            logger.exception("restarting the active controller's node")
     except NetnsError as exc:
         print(f"chaos region-loss: {exc}", file=sys.stderr)
         return 2
