@@ -301,8 +301,9 @@ class RegionWorld:
 
         partitions = [TopicPartition(topic, p) for topic, leaders in self.coordinators().items()
                       for p in leaders]
+        admin = self._admin()  # held until the answer: a dropped client fails the request
         try:
-            self._admin().elect_leaders(ElectionType.PREFERRED, partitions).result(timeout=60)
+            admin.elect_leaders(ElectionType.PREFERRED, partitions).result(timeout=60)
         except Exception as exc:  # noqa: BLE001 - "election not needed" comes as an error too
             logger.info("preferred leader election: %s", exc)
 
