@@ -330,30 +330,43 @@ class PlacementError(HarnessError):
 
 def pick_namespace(world: RegionWorld, node: int) -> tuple[str, dict[str, int]]:
     """A fresh namespace whose role group and ledger transactional id have their coordinators
-    on ``node``."""
-    from neli_orchestrate.core.namespace import derive
+    on ``node``.
 
-    def leads_both(leaders: dict[str, dict[int, int]]) -> bool:
-        return all(node in leaders[topic].values() for topic in COORDINATOR_TOPICS)
-
-    leaders = world.coordinators()
+    Not every leadership layout has one: a group id and its namespace's transactional id share
+    their hash's parity relation (both end in the role; Java's hash keeps the parity of the
+    characters' sum), so with an even partition count a node that leads partitions of one
+    parity only can host none. The preferred layout (each node leads ``i`` and ``i + 3`` of six)
+    always can: until a namespace fits, the preferred leaders are elected again (a node back
+    from a trial leads nothing until it is in the in-sync sets again).
+    """
     deadline = time.monotonic() + 180
-    while not leads_both(leaders) and time.monotonic() < deadline:
-        # a node started again leads nothing until it is back in the in-sync sets, and a
-        # preferred election refuses it until then: elect again until it leads
+    while True:
+        leaders = world.coordinators()
+        placed = _place(leaders, node)
+        if placed is not None:
+            return placed
+        if time.monotonic() >= deadline:
+            led = {topic: sorted(p for p, n in leaders[topic].items() if n == node)
+                   for topic in COORDINATOR_TOPICS}
+            raise PlacementError(f"no namespace fits node {node}, which leads {led}")
         world.elect_preferred()
         time.sleep(2)
-        leaders = world.coordinators()
+
+
+def _place(leaders: dict[str, dict[int, int]], node: int) -> tuple[str, dict[str, int]] | None:
+    from neli_orchestrate.core.namespace import derive
+
     offsets, txn = leaders["__consumer_offsets"], leaders["__transaction_state"]
-    for _ in range(10000):
+    if node not in offsets.values() or node not in txn.values():
+        return None
+    for _ in range(2000):
         name = f"rl{uuid.uuid4().hex[:10]}"
         names = derive(name)
-        group = f"{name}.{ROLE}"
-        tid = names.transactional_id_prefix + ROLE
-        g, t = _partition_for(group, len(offsets)), _partition_for(tid, len(txn))
+        g = _partition_for(f"{name}.{ROLE}", len(offsets))
+        t = _partition_for(names.transactional_id_prefix + ROLE, len(txn))
         if offsets[g] == node and txn[t] == node:
             return name, {"group_partition": g, "txn_partition": t}
-    raise PlacementError(f"node {node} leads no offsets or no transaction-state partition")
+    return None
 
 
 # -- a trial -------------------------------------------------------------------------------------

@@ -9,8 +9,16 @@ import threading
 
 import pytest
 
-from integration.chaos.region_loss import _java_hash, _partition_for, markdown, summarize
+from integration.chaos.region_loss import (
+    ROLE,
+    _java_hash,
+    _partition_for,
+    _place,
+    markdown,
+    summarize,
+)
 from integration.regions.delay_proxy import DelayProxy
+from neli_orchestrate.core.namespace import derive
 
 
 class _Recorder(socketserver.BaseRequestHandler):
@@ -109,3 +117,20 @@ def test_a_trial_that_could_not_be_placed_is_counted_apart_not_as_a_lost_run() -
     assert (row["trials"], row["not_run"], row["lost"], row["takeovers"]) == (2, 1, 0, 2)
     assert row["takeover_p99"] is not None and row["takeover_p99"] <= 50.0
     assert "| region | 2 | 1 |" in markdown(table)
+
+
+def test_a_namespace_fits_the_preferred_layout_but_not_every_layout() -> None:
+    # each node leads i and i + 3 of six partitions (the preferred layout): node 1 fits
+    preferred = {p: 1 + p % 3 for p in range(6)}
+    placed = _place({"__consumer_offsets": preferred, "__transaction_state": preferred}, 1)
+    assert placed is not None
+    name, where = placed
+    assert _partition_for(f"{name}.{ROLE}", 6) == where["group_partition"]
+    assert _partition_for(derive(name).transactional_id_prefix + ROLE, 6) == where["txn_partition"]
+    # the group's and the transactional id's partitions keep one parity relation for every name
+    tie = (where["group_partition"] - where["txn_partition"]) % 2
+    # so a node leading offsets partition 0 and only a transaction-state partition of the other
+    # parity can host no namespace (what left trials unplaced after a node's restart)
+    lone = {p: 2 for p in range(6)}
+    offsets, txn = {**lone, 0: 1}, {**lone, 1 - tie: 1}
+    assert _place({"__consumer_offsets": offsets, "__transaction_state": txn}, 1) is None
