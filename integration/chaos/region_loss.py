@@ -274,7 +274,7 @@ class RegionWorld:
         """Stop a node (SIGTERM) and start it again with its data. The quorum elects another
         controller meanwhile, and the node rejoins the in-sync sets from a clean start: what
         the harness does when it cannot place a trial on the active controller."""
-        logger.warning("node %d leads no coordinator partition: restarting it", node_id)
+        logger.warning("no trial fits node %d: restarting it", node_id)
         self.cluster.nodes[node_id]._kill(30)
         self.cluster.restart(node_id, timeout=300)
         self.elect_preferred()
@@ -322,10 +322,9 @@ def _partition_for(key: str, partitions: int) -> int:
 
 
 class PlacementError(HarnessError):
-    """No namespace could be placed on the node to kill: the trial is not run (and not a lost
-    run). A node started again after an earlier trial leads no coordinator partition until it
-    is back in their in-sync sets; now and then that takes longer than the wait. The run then
-    restarts that node (RegionWorld.bounce) and places the trial again."""
+    """No namespace could be placed on the node to kill within pick_namespace's wait: the trial
+    is not run (and not a lost run). The run then restarts that node (RegionWorld.bounce) and
+    places the trial again."""
 
 
 def pick_namespace(world: RegionWorld, node: int) -> tuple[str, dict[str, int]]:
@@ -362,7 +361,7 @@ def _place(leaders: dict[str, dict[int, int]], node: int) -> tuple[str, dict[str
     for _ in range(2000):
         name = f"rl{uuid.uuid4().hex[:10]}"
         names = derive(name)
-        g = _partition_for(f"{name}.{ROLE}", len(offsets))
+        g = _partition_for(names.group_id(ROLE), len(offsets))
         t = _partition_for(names.transactional_id_prefix + ROLE, len(txn))
         if offsets[g] == node and txn[t] == node:
             return name, {"group_partition": g, "txn_partition": t}

@@ -125,8 +125,9 @@ def test_a_namespace_fits_the_preferred_layout_but_not_every_layout() -> None:
     placed = _place({"__consumer_offsets": preferred, "__transaction_state": preferred}, 1)
     assert placed is not None
     name, where = placed
-    assert _partition_for(f"{name}.{ROLE}", 6) == where["group_partition"]
-    assert _partition_for(derive(name).transactional_id_prefix + ROLE, 6) == where["txn_partition"]
+    names = derive(name)
+    assert _partition_for(names.group_id(ROLE), 6) == where["group_partition"]
+    assert _partition_for(names.transactional_id_prefix + ROLE, 6) == where["txn_partition"]
     # the group's and the transactional id's partitions keep one parity relation for every name
     tie = (where["group_partition"] - where["txn_partition"]) % 2
     # so a node leading offsets partition 0 and only a transaction-state partition of the other
