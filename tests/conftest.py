@@ -12,18 +12,61 @@ pytest_plugins = ["neli_orchestrate.testing.pytest_plugin"]
 SIM = "tests/sim/"
 MATRIX = "tests/compat/test_release_matrix.py::"
 
+#: The test command runs on two pytest-xdist workers (``addopts`` in pyproject.toml), and a test
+#: file is the unit a worker takes whole, so that a module's fixture (a Spark cluster, an Airflow
+#: world of three regions) starts once. The simulation and the release matrix are one unit: the
+#: matrix's nested runs start with the simulation's tests and are waited for right after them.
+SIM_AND_MATRIX = "tests/sim+release-matrix"
 
+#: The longest units first (longest-processing-time-first), so that the two workers finish
+#: close together instead of one starting a seven-minute file when the other is done. The
+#: order comes from ``--durations=0`` of a whole run (docs/internals/development.md); a file not
+#: named here runs after these, in collection order.
+LONGEST_FIRST = (
+    SIM_AND_MATRIX,
+    "tests/spark/test_spark_cluster.py",
+    "tests/regions/test_demo.py",
+    "tests/airflow/test_regions.py",
+    "tests/regions/test_chaos.py",
+    "tests/airflow/test_assets_by_proxy.py",
+    "tests/spark/test_delta_sink.py",
+    "tests/regions/test_broker_crash_ride_through.py",
+    "tests/ledger/test_ledger_leader_kill_cluster.py",
+    "tests/dagster/test_dagster_two_deployments.py",
+    "tests/regions/test_chaos_hold.py",
+    "tests/cli/test_run_dagster_daemon.py",
+    "tests/regions/test_region_connections.py",
+    "tests/spark/test_spark_sinks_on_s3.py",
+    "tests/cli/test_run_supervise.py",
+    "tests/airflow/test_fenced.py",
+    "tests/singleton/test_singleton_kafka.py",
+)
+
+
+def unit_of(item: pytest.Item) -> str:
+    """The unit of work an xdist worker takes whole: the test's file, or the simulation's."""
+    nodeid = item.nodeid
+    if nodeid.startswith((SIM, MATRIX)):
+        return SIM_AND_MATRIX
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The release matrix's nested runs start with the simulation's tests (tests/sim/conftest.py,
     # pure Python) and run beside them; its tests, which wait for those runs, come right after.
     matrix = [item for item in items if item.nodeid.startswith(MATRIX)]
     sim = [i for i, item in enumerate(items) if item.nodeid.startswith(SIM)]
-    if not matrix or not sim:
-        return
-    after = items[sim[-1]]
-    rest = [item for item in items if not item.nodeid.startswith(MATRIX)]
-    at = rest.index(after) + 1
-    items[:] = rest[:at] + matrix + rest[at:]
+    if matrix and sim:
+        after = items[sim[-1]]
+        rest = [item for item in items if not item.nodeid.startswith(MATRIX)]
+        at = rest.index(after) + 1
+        items[:] = rest[:at] + matrix + rest[at:]
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(unit_of(item), len(rank)))  # stable: keeps the rest
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(unit_of(item)))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

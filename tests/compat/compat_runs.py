@@ -43,7 +43,7 @@ def start(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Ru
         with log.open("w") as out:
             proc = subprocess.Popen(
                 # its own basetemp: the nested session must not rotate this session's tmp dirs
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
                  "--durations=0", f"--basetemp={tmp / 'nested'}", *selection.node_ids(version)],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         runs[version] = (proc, log)
