@@ -43,15 +43,13 @@ LONGEST_FIRST = (
 )
 
 
-def unit_of(item: pytest.Item) -> str:
+def unit_of(nodeid: str) -> str:
     """The unit of work an xdist worker takes whole: the test's file, or the simulation's."""
-    nodeid = item.nodeid
     if nodeid.startswith((SIM, MATRIX)):
         return SIM_AND_MATRIX
     return nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The release matrix's nested runs start with the simulation's tests (tests/sim/conftest.py,
     # pure Python) and run beside them; its tests, which wait for those runs, come right after.
@@ -63,10 +61,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         at = rest.index(after) + 1
         items[:] = rest[:at] + matrix + rest[at:]
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(unit_of(item), len(rank)))  # stable: keeps the rest
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(unit_of(item)))
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))  # stable
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduling with :func:`unit_of` as the scope, in collection order (the
+    order above). Its own ``loadgroup`` does not group on pytest 9.2: it renames a test by an
+    attribute pytest no longer reads."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return ByUnit(config, log)  # type: ignore[arg-type]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
