@@ -100,9 +100,12 @@ def driver_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def neli_connection(bootstrap: str, namespace: str, deployment: str) -> dict[str, Any]:
     return {"conn_type": "neli", "host": bootstrap, "extra": {
+        # a 3 s lease, not the fast profile's 1 s: a Spark driver JVM and Airflow share the
+        # two cores with a second test worker, and a lapsed lease fences the task before its
+        # job starts (membership-unconfirmed)
         "deployment": deployment, "namespace": namespace, "profile": "fast",
-        "session_timeout": 3, "heartbeat_timeout": 1, "acquire_timeout": 3,
-        "handoff_timeout": 4}}
+        "session_timeout": 9, "heartbeat_timeout": 3, "acquire_timeout": 15,
+        "handoff_timeout": 10}}
 
 
 def spark_connection(rest_port: int) -> dict[str, Any]:
@@ -125,8 +128,12 @@ def namespace(kafka_broker: str) -> str:
     # a claim warms the broker's group and transaction coordinators (see tests/airflow)
     ns = f"sc{uuid.uuid4().hex[:8]}"
     with singleton(neli_connection(kafka_broker, ns, "warmup")) as s:
-        reservation = s.reserve("warmup", "warmup")
-        s.execute("warmup", "warmup", reservation.token, lambda run: None)
+        deadline = time.monotonic() + 120
+        while not (reservation := s.reserve("warmup", "warmup")).should_run:
+            # a loaded machine may answer WAIT first: the member can lose its lease meanwhile
+            assert time.monotonic() < deadline, f"the warm-up never claimed: {reservation}"
+            time.sleep(0.2)
+        s.execute(reservation.claim, lambda run: None)
     return ns
 
 
