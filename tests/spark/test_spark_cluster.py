@@ -28,6 +28,7 @@ import json
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -573,10 +574,17 @@ def test_the_pyspark_nycflights_job_runs_on_the_cluster_in_client_mode_behind_th
     assert list(published.glob("*.parquet"))
     # COMPLETED was recorded after the output was published (marker written, then renamed in)
     assert record.at > max((published / MARKER_NAME).stat().st_mtime, published.stat().st_ctime)
-    # the application ran on the cluster: the master lists it finished, with executors there
+    # the application ran on the cluster: the master lists it finished, with executors there;
+    # one application per try of the Spark task (a try that fails, for one fenced when its
+    # lease lapses on a loaded machine, is retried by Airflow and submits again), and the
+    # output published above is the one of the claim recorded COMPLETED
+    with sqlite3.connect(tmp_path / "airflow_home" / "airflow.db") as db:
+        ((tries,),) = db.execute("SELECT try_number FROM task_instance "
+                                 "WHERE task_id = 'daily_performance'").fetchall()
     apps = [a for a in spark_cluster.state().get("completedapps", [])
             if a.get("name") == "nycflights_daily 2013-01-01"]  # the job's appName
-    assert [a["state"] for a in apps] == ["FINISHED"], spark_cluster.state()
+    assert [a["state"] for a in apps] == ["FINISHED"] * tries, \
+        (spark_cluster.state(), failure(result.output))
     # ... and its executors ran on the worker (their directory in the worker's work dir)
-    assert list((spark_cluster.workdir / "work" / apps[0]["id"]).glob("*/stderr"))
+    assert list((spark_cluster.workdir / "work" / apps[-1]["id"]).glob("*/stderr"))
     assert "nycflights 2013-01-01" in result.output  # the report task read the output back
