@@ -4,6 +4,9 @@ which is opt-in (no ``pytest11`` entry point): this suite opts in here, as a use
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -75,6 +78,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return unit_of(nodeid)
 
     return ByUnit(config, log)  # type: ignore[arg-type]
+
+
+def reserve_until_claimed(singleton: Any, role: str, run_key: str, timeout: float = 60.0) -> Any:
+    """Reserve until this deployment holds the claim (a loaded machine may answer WAIT first:
+    the member can lose its lease while deciding). Test set-up, not what a gate does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reservation = singleton.reserve(role, run_key)
+        if reservation.should_run:
+            return reservation
+        assert time.monotonic() < deadline, f"never claimed {run_key!r}: {reservation}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def claim_now() -> Callable[..., Any]:
+    """``claim_now(singleton, role, run_key)``: reserve until the claim is held."""
+    return reserve_until_claimed
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -114,23 +114,3 @@ def neli_env(neli_conn: NeliConnFactory, monkeypatch: pytest.MonkeyPatch) -> Cal
         return conn.conn_id
 
     return make
-
-
-def reserve_until_claimed(singleton: Any, role: str, run_key: str, timeout: float = 60.0) -> Any:
-    """Reserve until this deployment holds the claim (a loaded machine may answer WAIT first:
-    the member can lose its lease while deciding). Test set-up, not what a gate does."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        reservation = singleton.reserve(role, run_key)
-        if reservation.should_run:
-            return reservation
-        assert time.monotonic() < deadline, f"never claimed {run_key!r}: {reservation}"
-        time.sleep(0.2)
-
-
-@pytest.fixture
-def claim_now() -> Callable[..., Any]:
-    """``claim_now(singleton, role, run_key)``: reserve until the claim is held."""
-    return reserve_until_claimed

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +125,11 @@ def singleton(connection: dict[str, Any]) -> Any:
 
 
 @pytest.fixture
-def namespace(kafka_broker: str) -> str:
+def namespace(kafka_broker: str, claim_now: Callable[..., Any]) -> str:
     # a claim warms the broker's group and transaction coordinators (see tests/airflow)
     ns = f"sc{uuid.uuid4().hex[:8]}"
     with singleton(neli_connection(kafka_broker, ns, "warmup")) as s:
-        deadline = time.monotonic() + 120
-        while not (reservation := s.reserve("warmup", "warmup")).should_run:
-            # a loaded machine may answer WAIT first: the member can lose its lease meanwhile
-            assert time.monotonic() < deadline, f"the warm-up never claimed: {reservation}"
-            time.sleep(0.2)
+        reservation = claim_now(s, "warmup", "warmup", timeout=120)
         s.execute(reservation.claim, lambda run: None)
     return ns
 
