@@ -195,6 +195,9 @@ def ledger_settings(config: KafkaLedgerConfig, *, required: Mapping[str, Any] | 
         config.bootstrap_servers, logger=logging.getLogger(__name__ + ".librdkafka"),
         required=required, call=call, user=config.kafka_config,
         defaults={"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                  # a claim's requests are small and in a row: Nagle's algorithm would hold one
+                  # back while the previous one is unacknowledged
+                  "socket.nagle.disable": True,
                   "socket.timeout.ms": max(1000, int(socket_timeout * 1000))},
         why={key: "the ledger manages it" for key in _PROTECTED})
 
@@ -648,10 +651,13 @@ class KafkaLedger:
             deadline = self._monotonic() + self.config.replay_timeout
             # Before the high watermark is read: every message above it is written later.
             read_at = time.time()
-            # Topic id and log start are asked for alongside the high watermark (one round trip).
+            # Topic id and log start are asked for alongside the high watermark (one round trip),
+            # after it: the broker answers one connection's requests in order, and the end is
+            # awaited first.
+            asked = self._ask_end(tp, deadline)
             pending = self._partition_facts(partition) if self._cache is not None else None
             # An offset, never a sentinel: an unknown end is not an empty ledger (S5).
-            end = self._end_offset(tp, deadline)
+            end = self._end_offset(tp, deadline, asked)
             topic_id, log_start = self._facts(pending)
             builder, start, end = self._resume(role, tp, topic_id, log_start, end, read_at,
                                                deadline)
@@ -748,7 +754,13 @@ class KafkaLedger:
         partition = tp.partition
         consumer = self._replay_consumer()
         kept, self._assigned = self._assigned, None
-        if kept != (partition, start):
+        # The consumer's position is this fold's only once the assignment below has taken
+        # effect: librdkafka starts the fetch on its own thread, and until then position()
+        # still says where the consumer's last assignment stood, possibly this replay's end.
+        # The first event of the new assignment (a record, or the end of the partition)
+        # comes after that; outdated events are dropped.
+        started = kept == (partition, start)
+        if not started:
             # An explicit offset rather than OFFSET_BEGINNING saves a ListOffsets round trip;
             # auto.offset.reset=earliest covers records deleted from the log start.
             consumer.assign([ck.TopicPartition(self.config.topic, partition, start)])
@@ -757,10 +769,14 @@ class KafkaLedger:
         position = eof = -1
         moved_at, named = self._monotonic(), False
         done = False
+        # consume() waits for a full batch or the timeout: keep the timeout short, and none at
+        # first, when a kept assignment has usually fetched the records already.
+        wait = 0.0
         try:
             while True:
-                # consume() waits for a full batch or the timeout: keep the timeout short.
-                for message in consumer.consume(num_messages=10000, timeout=0.005):
+                batch, wait = consumer.consume(num_messages=10000, timeout=wait), 0.005
+                started = started or bool(batch)
+                for message in batch:
                     error = message.error()
                     if error is not None:
                         if error.code() == ck.KafkaError._PARTITION_EOF:
@@ -789,7 +805,8 @@ class KafkaLedger:
                 # first fetch it is a sentinel (-1001), below any end.
                 before = position
                 try:
-                    position = max(consumer.position([tp])[0].offset, eof)
+                    if started:
+                        position = max(consumer.position([tp])[0].offset, eof)
                 except ck.KafkaException as exc:
                     logger.debug("replay of %r: no position yet (%s)", role, exc)
                 if position >= high:
@@ -869,21 +886,42 @@ class KafkaLedger:
             return None, log_start
         return str(topic_id), log_start
 
-    def _end_offset(self, tp: Any, deadline: float) -> PartitionEnd:
+    def _ask_end(self, tp: Any, deadline: float) -> tuple[Any, float] | None:
+        """Ask for ``tp``'s high watermark: (the answer's future, its timeout), or None if the
+        request could not be made (``_end_offset`` asks again and says why)."""
+        ck = _kafka()
+        timeout = max(0.5, min(self.config.request_timeout, deadline - self._monotonic()))
+        try:
+            future = self._admin.list_offsets(
+                {tp: ck.admin.OffsetSpec.latest()},
+                isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
+                request_timeout=timeout,
+            )[tp]
+        except ck.KafkaException:
+            return None
+        return future, timeout
+
+    def _end_offset(self, tp: Any, deadline: float,
+                    asked: tuple[Any, float] | None = None) -> PartitionEnd:
         """The partition's high watermark, an offset: while the partition has no leader, or
         answers a sentinel (-1001 during a leader change), or does not answer, ask again until
-        ``deadline``, then raise :class:`KafkaUnavailableError`. Never a guess."""
+        ``deadline``, then raise :class:`KafkaUnavailableError`. Never a guess. ``asked``: the
+        first request, already made (``_ask_end``)."""
         ck = _kafka()
         spec = ck.admin.OffsetSpec.latest()
         last = "no answer"
         while True:
             timeout = max(0.5, min(self.config.request_timeout, deadline - self._monotonic()))
             try:
-                result = self._admin.list_offsets(
-                    {tp: spec},
-                    isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
-                    request_timeout=timeout,
-                )[tp].result(timeout=timeout + 1)
+                if asked is not None:
+                    (future, timeout), asked = asked, None
+                else:
+                    future = self._admin.list_offsets(
+                        {tp: spec},
+                        isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
+                        request_timeout=timeout,
+                    )[tp]
+                result = future.result(timeout=timeout + 1)
                 offset = int(result.offset)
                 if end_is_known(offset):
                     return PartitionEnd(offset, getattr(result, "leader_epoch", None))

@@ -203,3 +203,26 @@ def test_a_tombstone_removed_by_compaction_after_the_checkpoint_is_not_missed(
     monkeypatch.setattr(ledger_kafka, "judge",
                         lambda checkpoint, **facts: Judgement(Verdict.CONTINUE))
     assert sorted(stale.replay(ROLE).records) == ["2013-01-01", "2013-01-02"]
+
+
+def test_a_replay_that_reassigns_the_kept_consumer_reads_its_own_role_whole(
+    kafka_broker: str, ledgers: list[KafkaLedger], topic: str,
+) -> None:
+    """Two roles share the ledger's one partition and the process's replay consumer. After a
+    replay of one role leaves the consumer kept at the partition's end, the other role's
+    first replay assigns it at offset 0: until librdkafka has started that fetch, the
+    consumer's position still says the old end, which is this replay's end too. A fold that
+    believed it read nothing and decided RUN on a completed run key (a duplicate run, seen in
+    the three-deployment test). Every round must see every record of the role."""
+    ledger = open_ledger(ledgers, kafka_broker, topic)
+    for day in range(1, 7):
+        write(ledger, ROLE, f"2013-01-{day:02d}", RunState.COMPLETED)
+    for round_ in range(20):
+        other = f"{OTHER}-{round_}"
+        write(ledger, other, "2013-01-01", RunState.COMPLETED)
+        assert ledger.replay(other).latest("2013-01-01") is not None
+        # The role's checkpoint (in memory) is older than the kept position: reassigned.
+        ledger._cache.forget(ledger._cluster_id, topic, ROLE)  # type: ignore[union-attr]
+        replay = ledger.replay(ROLE)
+        missing = [day for day in range(1, 7) if replay.latest(f"2013-01-{day:02d}") is None]
+        assert missing == [], f"round {round_}: the replay missed days {missing}"
