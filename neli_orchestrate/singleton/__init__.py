@@ -9,9 +9,10 @@ Usage::
             build_table(token=run.token)     # leaving the block records COMPLETED
 
 One concept per module: :mod:`~neli_orchestrate.singleton.singleton` (the API: claim, reserve,
-execute, reset, expire), :mod:`~neli_orchestrate.singleton.config` (:class:`SingletonConfig`),
+execute, reset, expire, hold), :mod:`~neli_orchestrate.singleton.config` (:class:`SingletonConfig`),
 :mod:`~neli_orchestrate.singleton.run` (the answers, :class:`Reservation` and :class:`Run`),
 :mod:`~neli_orchestrate.singleton.leadership` (a role's member from acquiring to release),
+:mod:`~neli_orchestrate.singleton.held` (claims through a role held between them),
 :mod:`~neli_orchestrate.singleton.busy` (the busy-group rule) and
 :mod:`~neli_orchestrate.singleton.groups` (what it reads of groups it does not join).
 

@@ -104,6 +104,13 @@ class _Leadership:
         """The work and its end record are done: release a waiting revoke barrier."""
         self._work_done.set()
 
+    def detach(self) -> None:
+        """Between two claims of a held role: no run attached, and from now on a loss of
+        leadership is a loss again (``work_finished`` had stopped the watchdog counting it)."""
+        with self._lock:
+            self._run = None
+        self._work_done.clear()
+
     def _lose(self, reason: str) -> None:
         with self._lock:
             if self._lost is not None:

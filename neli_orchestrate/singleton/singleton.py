@@ -68,6 +68,7 @@ from neli_orchestrate.metrics import Metric, MetricEvent, MetricsHook, emit
 from neli_orchestrate.singleton.busy import busy_answer, while_preparing
 from neli_orchestrate.singleton.config import SingletonConfig
 from neli_orchestrate.singleton.groups import GroupReads
+from neli_orchestrate.singleton.held import HeldRole
 from neli_orchestrate.singleton.leadership import NeliFactory, _Leadership
 from neli_orchestrate.singleton.run import Reservation, Run
 
@@ -194,6 +195,40 @@ class Singleton:
             lead.close()
 
     @contextlib.contextmanager
+    def hold(self, role: str, timeout: float | None = None) -> Iterator[HeldRole]:
+        """Lead ``role`` for the block; its claims there skip the join and the leave.
+
+        A process that claims a role's runs one after another (a scheduler loop, a worker)
+        joins the role's group once: each claim through the :class:`HeldRole` then replays the
+        ledger's tail and commits, about four round trips, where a one-off claim pays about
+        twenty across regions (:mod:`~neli_orchestrate.singleton.held`). Other deployments find
+        the group busy meanwhile, as under any running leader; leaving the block leaves it.
+
+        Follows the busy-group rule: while anyone leads the role or waits for it, this does
+        not join. Raises :class:`AcquireTimeoutError` then, or when leadership is not acquired
+        within ``timeout`` (default ``acquire_timeout``).
+        """
+        members = self.role_members(role)
+        if members:
+            raise AcquireTimeoutError(
+                f"role {role!r} is busy ({members} member(s) lead or wait for it): not joining;"
+                " hold it once its group is idle")
+        self._warm(role)
+        lead = self._lead(role)
+        held: HeldRole | None = None
+        try:
+            wait = self.config.acquire_timeout if timeout is None else timeout
+            if not lead.acquire(wait):
+                raise AcquireTimeoutError(f"could not lead role {role!r} within {wait:g} s to"
+                                          " hold it; another member holds it")
+            held = HeldRole(self, lead)
+            yield held
+        finally:
+            if held is not None:
+                held._end()
+            lead.close()
+
+    @contextlib.contextmanager
     def claim(self, role: str, run_key: str) -> Iterator[Run]:
         """Lead ``role``, decide on ``run_key`` and, if it is ours to run, hold it for the block.
 
@@ -207,23 +242,15 @@ class Singleton:
             yield busy
             return
         lead = self._lead(role)
-        writer: LedgerWriter | None = None
         try:
-            run, record, writer = self._lead_and_claim(lead, role, run_key, RunState.RUNNING)
-            if record is None or not run.should_run:
-                if writer is not None:
-                    self._release(writer, lead)
-                    writer = None
+            if not lead.acquire(self.config.acquire_timeout):
+                run = self._not_leading(role, run_key)
                 lead.close()  # release at once: a WAIT must not hold the claimant's executor
                 yield run
                 return
-            with contextlib.suppress(WorkSkipped), self._hold(lead, writer, run, record):
-                yield run  # a WorkSkipped ends the block: recorded COMPLETED (skipped)
-            self._release(writer, lead)  # the end record is written: the claim went well
-            writer = None
+            with self._claimed(lead, role, run_key, let_go=lead.close) as run:
+                yield run
         finally:
-            if writer is not None:
-                writer.close()
             lead.close()
 
     def run(self, role: str, run_key: str, work: Callable[[Run], T]) -> T | None:
@@ -309,10 +336,9 @@ class Singleton:
         if claim.role is None:
             raise ConfigError(f"the claim of run {claim.run_key!r} names no role: execute() "
                               "needs the role it was reserved for")
-        role, run_key, token = claim.role, claim.run_key, claim.token
+        role, run_key = claim.role, claim.run_key
         self._warm(role)
         lead = self._lead(role)
-        writer: LedgerWriter | None = None
         try:
             if not lead.acquire(self.config.acquire_timeout):
                 raise AcquireTimeoutError(
@@ -320,6 +346,16 @@ class Singleton:
                     f" {run_key!r}; another member holds it (latest record:"
                     f" {_describe(self.status(role, run_key))})"
                 )
+            return self._execute_as_leader(lead, claim, work, on_fence=on_fence)
+        finally:
+            lead.close()
+
+    def _execute_as_leader(self, lead: _Leadership, claim: Claim, work: Callable[[Run], T], *,
+                           on_fence: Callable[[str], object] | None = None) -> T:
+        """:meth:`_execute` once ``lead`` leads the claim's role (a held role's too)."""
+        role, run_key, token = str(claim.role), claim.run_key, claim.token
+        writer: LedgerWriter | None = None
+        try:
             writer = self.ledger.begin(role)
             me = Claimant(self.config.deployment, lead.member)
             replay = writer.replay()
@@ -357,7 +393,6 @@ class Singleton:
         finally:
             if writer is not None:
                 writer.close()
-            lead.close()
 
     def _decide_again(
         self, writer: LedgerWriter, replay: Replay, role: str, run_key: str, token: int,
@@ -472,6 +507,12 @@ class Singleton:
         """
         if not lead.acquire(self.config.acquire_timeout):
             return self._not_leading(role, run_key), None, None
+        return self._claim_as_leader(lead, role, run_key, state)
+
+    def _claim_as_leader(
+        self, lead: _Leadership, role: str, run_key: str, state: RunState
+    ) -> tuple[Run, LedgerRecord | None, LedgerWriter]:
+        """:meth:`_lead_and_claim` once ``lead`` leads (a held role's claims start here)."""
         # init_transactions() fences every earlier leader; a producer kept from this process's
         # last claim of the role was fenced then, and a newer leader's fence makes it fail.
         writer = self._resume(role)
@@ -486,6 +527,7 @@ class Singleton:
                     return self._run_for(role, run_key, decision, token=None), None, writer
                 record = claim_record(decision, replay, run_key=run_key, me=me, now=now,
                                       policy=self.config.policy, state=state)
+                lead.verify()  # by the lease at this instant, not the watchdog's last pulse
                 if lead.lost is not None:
                     # Never write a claim without leadership; whoever leads now decides.
                     run = Run(role=role, run_key=run_key, deployment=self.config.deployment,
@@ -512,6 +554,30 @@ class Singleton:
             raise
         token = record.token if decision.claims else None
         return self._run_for(role, run_key, decision, token=token), record, writer
+
+    @contextlib.contextmanager
+    def _claimed(self, lead: _Leadership, role: str, run_key: str, *,
+                 let_go: Callable[[], None]) -> Iterator[Run]:
+        """The block of :meth:`claim` once ``lead`` leads: decide, and hold the run for the
+        block if it is ours. ``let_go`` ends the claim's hold on leadership (closes the member,
+        or readies a held role for its next claim)."""
+        writer: LedgerWriter | None = None
+        try:
+            run, record, writer = self._claim_as_leader(lead, role, run_key, RunState.RUNNING)
+            if record is None or not run.should_run:
+                self._release(writer, lead)
+                writer = None
+                let_go()  # release at once: a WAIT must not hold the claimant's executor
+                yield run
+                return
+            with contextlib.suppress(WorkSkipped), self._hold(lead, writer, run, record):
+                yield run  # a WorkSkipped ends the block: recorded COMPLETED (skipped)
+            self._release(writer, lead)  # the end record is written: the claim went well
+            writer = None
+        finally:
+            if writer is not None:
+                writer.close()
+            let_go()
 
     def _resume(self, role: str) -> LedgerWriter:
         """The role's writer for a claim: the producer kept from this process's last claim of
