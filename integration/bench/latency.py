@@ -9,11 +9,13 @@ The broker gets a second client listener that it advertises at a delaying TCP pr
 (``integration/regions/delay_proxy.py``; this kernel has no netem), so every request of the
 measured ``Singleton`` crosses the proxy: ``rtt / 2`` each way, the deployment in one region
 and the broker in another. The broker's own traffic (its controller, its transaction markers)
-stays on the undelayed listener. Each trial is one ``Singleton.reserve(role, run_key)`` of a
-fresh run key of an uncontended role, as in ``claim.py``: join the role's group, lead, begin
-the role's transactional ledger writer (``init_transactions()``), replay, decide, commit
-CLAIMED, leave. The round-trip counts all run side by side in one process, in rounds (each
-round one trial at every round trip, in a shuffled order), so machine load spreads evenly.
+stays on the undelayed listener. Each trial is one reserve of a fresh run key of an
+uncontended role: ``Singleton.reserve(role, run_key)`` as in ``claim.py`` (join the role's
+group, lead, begin the role's transactional ledger writer, replay, decide, commit CLAIMED,
+leave), or ``HeldRole.reserve(run_key)`` through ``Singleton.hold`` (replay, decide, commit
+CLAIMED: the member stays in the group). Every path and round trip runs side by side in one
+process, in rounds (each round one trial of every cell, in a shuffled order), so machine load
+spreads evenly.
 
 Two numbers per claim:
 - **round trips on the critical path**: the slope of the p50 latency against the round trip
@@ -29,7 +31,9 @@ The goal of issue #31: at most 4 round trips + 20 ms. Writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -65,10 +69,15 @@ def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
     return slope, my - slope * mx
 
 
-#: The ledger clients of a claim (``KafkaLedgerConfig.keep_clients``): ``kept`` resumes the
-#: role's producer and the replay consumer's assignment from the last claim; ``fresh`` creates
-#: and fences a new producer and assigns anew for every claim (the path before issue #31).
-PATHS = {"kept": True, "fresh": False}
+#: How a claim is made. ``held``: through ``Singleton.hold`` (the role's member stays in its
+#: group between claims; ledger clients kept); ``kept``: a one-off ``Singleton.reserve`` that
+#: joins and leaves, resuming the role's producer and the replay consumer's assignment from
+#: the last claim (``KafkaLedgerConfig.keep_clients``); ``fresh``: the same, creating and
+#: fencing a new producer and assigning anew for every claim (the path before issue #31).
+PATHS = {"held": True, "kept": True, "fresh": False}
+
+#: Issue #31's goal for a reserve: at most this many round trips plus this many milliseconds.
+GOAL_ROUND_TRIPS, GOAL_EXTRA_MS = 4, 20.0
 
 
 def run(rtts: list[float], trials: int, profile: str,
@@ -80,11 +89,14 @@ def run(rtts: list[float], trials: int, profile: str,
     paths = paths or list(PATHS)
     cells = [(path, rtt) for path in paths for rtt in rtts]
     remote_port = free_port()
-    with DelayProxy(("127.0.0.1", remote_port)) as proxy:
+    lateness: dict[Any, list[float]] = {cell: [] for cell in cells}
+    with DelayProxy(("127.0.0.1", remote_port), precise=True) as proxy, \
+            contextlib.ExitStack() as holds:
         kafka = broker_behind_proxies({"remote": proxy.port}, {"remote": remote_port}).start()
         try:
             bootstrap = f"127.0.0.1:{proxy.port}"
-            singletons = {}
+            singletons: dict[Any, Any] = {}
+            reserve: dict[Any, Any] = {}
             for cell in cells:
                 path, rtt = cell
                 neli = NeliConfig(bootstrap_servers=bootstrap, profile=profile)
@@ -96,6 +108,12 @@ def run(rtts: list[float], trials: int, profile: str,
                 proxy.set_delay(rtt / 2000)
                 singletons[cell].reserve("warm-up", "0")  # topics, coordinators, connections
                 singletons[cell].reserve("measured", "warm")  # the kept path's first fence
+                if path == "held":
+                    held = holds.enter_context(singletons[cell].hold("measured"))
+                    held.reserve("warm-held")
+                    reserve[cell] = held.reserve
+                else:
+                    reserve[cell] = functools.partial(singletons[cell].reserve, "measured")
             samples: dict[Any, list[float]] = {cell: [] for cell in cells}
             requests: dict[Any, Counter[int]] = {cell: Counter() for cell in cells}
             order = list(cells)
@@ -105,15 +123,19 @@ def run(rtts: list[float], trials: int, profile: str,
                     proxy.set_delay(cell[1] / 2000)
                     proxy.reset_counts()
                     started = time.perf_counter()
-                    reservation = singletons[cell].reserve("measured", f"k{i}")
+                    reservation = reserve[cell](f"k{i}")
                     samples[cell].append((time.perf_counter() - started) * 1000)
                     requests[cell].update(proxy.requests)
+                    if proxy.lateness["chunks"]:
+                        lateness[cell].append(proxy.lateness["mean_ms"])
                     if reservation.outcome is not Outcome.RUN:
                         raise RuntimeError(f"uncontended reserve answered "
                                            f"{reservation.outcome}: {reservation.reason}")
+            holds.close()
             for singleton in singletons.values():
                 singleton.close()
         finally:
+            holds.close()
             kafka.stop()
     result: dict[str, Any] = {"profile": profile, "paths": {}}
     for path in paths:
@@ -127,7 +149,10 @@ def run(rtts: list[float], trials: int, profile: str,
                 "p50_ms": round(statistics.median(samples[cell]), 1),
                 "p99_ms": round(percentile(samples[cell], 0.99), 1),
                 "min_ms": round(min(samples[cell]), 1),
+                "goal_ms": GOAL_ROUND_TRIPS * rtt + GOAL_EXTRA_MS,
                 "requests_per_reserve": round(sum(requests[cell].values()) / trials, 1),
+                "proxy_late_ms": (round(statistics.fmean(lateness[cell]), 3)
+                                  if lateness[cell] else 0.0),
                 "requests_by_api": per,
                 "samples_ms": [round(s, 1) for s in samples[cell]],
             }
@@ -143,19 +168,29 @@ def table(result: dict[str, Any], command: str, load: str) -> str:
         "",
         f"`{command}`; profile `{result['profile']}`; load average {load} on "
         f"{os.cpu_count()} cores. The deployment reaches the broker through a delaying TCP "
-        "proxy (half the round trip each way). Ledger clients: `kept` resumes the role's "
-        "producer and the replay consumer's assignment from the last claim; `fresh` creates "
-        "and fences a new producer for every claim (`KafkaLedgerConfig.keep_clients=False`, "
-        "the path before).",
+        "proxy (half the round trip each way). Paths: `held` reserves through "
+        "`Singleton.hold` (the member stays in the role's group; ledger clients kept); "
+        "`kept` is a one-off `Singleton.reserve` (join, lead, claim, leave) that resumes the "
+        "role's producer and the replay consumer's assignment from the last claim; `fresh` "
+        "is the same creating and fencing a new producer for every claim "
+        "(`KafkaLedgerConfig.keep_clients=False`, the path before).",
         "",
-        "| ledger clients | round trip ms | trials | reserve p50 ms | p99 ms | min ms |"
-        " requests per reserve |",
-        "|---|---|---|---|---|---|---|",
+        "| path | round trip ms | trials | reserve p50 ms | p99 ms | min ms |"
+        " goal ms (4 round trips + 20) | p50 within goal | requests per reserve |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for path, measured in result["paths"].items():
         for row in measured["rows"].values():
+            within = "yes" if row["p50_ms"] <= row["goal_ms"] else "no"
             lines.append(f"| {path} | {row['rtt_ms']:g} | {row['trials']} | {row['p50_ms']} | "
-                         f"{row['p99_ms']} | {row['min_ms']} | {row['requests_per_reserve']} |")
+                         f"{row['p99_ms']} | {row['min_ms']} | {row['goal_ms']:g} | {within} | "
+                         f"{row['requests_per_reserve']} |")
+    late = [row["proxy_late_ms"] for measured in result["paths"].values()
+            for row in measured["rows"].values() if row["rtt_ms"]]
+    if late:
+        lines += ["", f"The proxy delivered each delayed chunk {statistics.fmean(late):.2f} ms "
+                  f"after its due time on average (at most {max(late):.2f} ms, mean of a "
+                  "reserve's chunks); that is in the numbers above."]
     lines += ["", "Round trips on the critical path (slope of p50 against the round trip); the "
               "goal is at most 4 round trips + 20 ms:", ""]
     for path, measured in result["paths"].items():
@@ -179,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="round trip in ms (repeatable; default 0, 30, 60, 120)")
     parser.add_argument("--profile", default="default", help="timing profile (default: default)")
     parser.add_argument("--path", choices=sorted(PATHS), action="append",
-                        help="ledger clients to measure (repeatable; default: kept and fresh,"
+                        help="paths to measure (repeatable; default: held, kept and fresh,"
                              " side by side)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

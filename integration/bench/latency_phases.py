@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     for module, cls, method, label in PHASES:
         wrap(getattr(importlib.import_module(module), cls), method, label)
     remote_port = free_port()
-    with DelayProxy(("127.0.0.1", remote_port)) as proxy:
+    with DelayProxy(("127.0.0.1", remote_port), precise=True) as proxy:
         proxy_of["proxy"] = proxy
         kafka = broker_behind_proxies({"remote": proxy.port}, {"remote": remote_port}).start()
         try:

@@ -60,16 +60,29 @@ KAFKA_API_NAMES = {
 }
 
 
+#: How early a precise proxy's timer wakes before a chunk is due (the loop's timers round up
+#: to whole milliseconds, and the thread needs a moment to be scheduled).
+_TIMER_SLACK = 0.002
+
+
 class DelayProxy:
     """Forward ``127.0.0.1:port`` to ``upstream`` with a one-way delay in each direction."""
 
     def __init__(self, upstream: tuple[str, int], *, one_way: float = 0.0, jitter: float = 0.0,
-                 port: int = 0, seed: int | None = None, host: str = "127.0.0.1") -> None:
+                 port: int = 0, seed: int | None = None, host: str = "127.0.0.1",
+                 precise: bool = False) -> None:
+        """``precise``: deliver each chunk at its due time to within tens of microseconds
+        instead of up to about a millisecond late (the event loop's timers round up to whole
+        milliseconds): the loop wakes a little early and yields until the chunk is due, which
+        costs CPU. For latency benchmarks; the chaos suite does without."""
         if one_way < 0 or jitter < 0:
             raise ValueError(f"delays must be >= 0, not one_way={one_way} jitter={jitter}")
         self.upstream = upstream
         self.one_way = one_way
         self.jitter = jitter
+        self.precise = precise
+        #: chunks delivered, and the sum and max of how late each was against its due time (s)
+        self._lateness = [0, 0.0, 0.0]
         self._want_port = port
         self.host = host
         self.port = 0
@@ -140,9 +153,19 @@ class DelayProxy:
         with self._lock:
             return dict(self._counts)
 
+    @property
+    def lateness(self) -> dict[str, float]:
+        """How late delayed chunks left the proxy since the last reset: count, mean and max
+        (ms). A chunk due at once (no delay) is not counted."""
+        with self._lock:
+            count, total, worst = self._lateness
+        return {"chunks": count, "mean_ms": round(1000 * total / count, 3) if count else 0.0,
+                "max_ms": round(1000 * worst, 3)}
+
     def reset_counts(self) -> None:
         with self._lock:
             self._counts.clear()
+            self._lateness = [0, 0.0, 0.0]
 
     def __enter__(self) -> DelayProxy:
         return self.start()
@@ -238,7 +261,18 @@ class DelayProxy:
                     return
                 wait = due - time.monotonic()
                 if wait > 0:
-                    await asyncio.sleep(wait)
+                    if not self.precise:
+                        await asyncio.sleep(wait)
+                    else:
+                        if wait > _TIMER_SLACK:
+                            await asyncio.sleep(wait - _TIMER_SLACK)
+                        while time.monotonic() < due:
+                            await asyncio.sleep(0)  # other connections' chunks go meanwhile
+                    late = time.monotonic() - due
+                    with self._lock:
+                        self._lateness[0] += 1
+                        self._lateness[1] += late
+                        self._lateness[2] = max(self._lateness[2], late)
                 try:
                     writer.write(data)
                     await writer.drain()
