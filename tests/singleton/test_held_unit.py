@@ -108,20 +108,10 @@ class Lapsing(Member):
 @pytest.mark.parametrize("broken", [False, True], ids=["checked", "broken-no-lease-check"])
 def test_no_claim_is_written_once_the_lease_has_lapsed(world, monkeypatch, broken) -> None:
     coordinator, ledger = world
-
-    def lapsing(config, barrier=None):  # type: ignore[no-untyped-def]
-        member = Lapsing(coordinator, config.resolved.group_id, config, barrier,
-                         member_id=f"m{len(coordinator.created)}")
-        with coordinator.lock:
-            coordinator.created.append(member)
-            coordinator.groups[member.group].append(member)
-            coordinator._assign(member.group)
-        return member
-
+    coordinator.member_class = Lapsing
     if broken:  # the variant without the check: trust the watchdog's last pulse
         monkeypatch.setattr(_Leadership, "verify", lambda self: None)
     us = make("us-east-1", coordinator, ledger)
-    us._neli_factory = lapsing
     with us.hold(ROLE) as held:
         with held.claim("d1"):
             pass

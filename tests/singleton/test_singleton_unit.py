@@ -40,10 +40,11 @@ class Coordinator:
         self.lock = threading.Lock()
         self.created: list[Member] = []
         self.hold: set[str] = set()  # groups whose leadership is held by an outsider
+        self.member_class: type[Member] = Member
 
     def __call__(self, config: NeliConfig, barrier=None):  # type: ignore[no-untyped-def]
-        member = Member(self, config.resolved.group_id, config, barrier,
-                        member_id=f"m{len(self.created)}")
+        member = self.member_class(self, config.resolved.group_id, config, barrier,
+                                   member_id=f"m{len(self.created)}")
         with self.lock:
             self.created.append(member)
             self.groups[member.group].append(member)
