@@ -889,17 +889,23 @@ class KafkaLedger:
     def _ask_end(self, tp: Any, deadline: float) -> tuple[Any, float] | None:
         """Ask for ``tp``'s high watermark: (the answer's future, its timeout), or None if the
         request could not be made (``_end_offset`` asks again and says why)."""
-        ck = _kafka()
-        timeout = max(0.5, min(self.config.request_timeout, deadline - self._monotonic()))
+        timeout = self._end_timeout(deadline)
         try:
-            future = self._admin.list_offsets(
-                {tp: ck.admin.OffsetSpec.latest()},
-                isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
-                request_timeout=timeout,
-            )[tp]
-        except ck.KafkaException:
+            return self._request_end(tp, timeout), timeout
+        except _kafka().KafkaException:
             return None
-        return future, timeout
+
+    def _end_timeout(self, deadline: float) -> float:
+        return max(0.5, min(self.config.request_timeout, deadline - self._monotonic()))
+
+    def _request_end(self, tp: Any, timeout: float) -> Any:
+        """One ListOffsets request for ``tp``'s high watermark; its future."""
+        ck = _kafka()
+        return self._admin.list_offsets(
+            {tp: ck.admin.OffsetSpec.latest()},
+            isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=timeout,
+        )[tp]
 
     def _end_offset(self, tp: Any, deadline: float,
                     asked: tuple[Any, float] | None = None) -> PartitionEnd:
@@ -908,19 +914,14 @@ class KafkaLedger:
         ``deadline``, then raise :class:`KafkaUnavailableError`. Never a guess. ``asked``: the
         first request, already made (``_ask_end``)."""
         ck = _kafka()
-        spec = ck.admin.OffsetSpec.latest()
         last = "no answer"
         while True:
-            timeout = max(0.5, min(self.config.request_timeout, deadline - self._monotonic()))
+            timeout = self._end_timeout(deadline)
             try:
                 if asked is not None:
                     (future, timeout), asked = asked, None
                 else:
-                    future = self._admin.list_offsets(
-                        {tp: spec},
-                        isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
-                        request_timeout=timeout,
-                    )[tp]
+                    future = self._request_end(tp, timeout)
                 result = future.result(timeout=timeout + 1)
                 offset = int(result.offset)
                 if end_is_known(offset):
