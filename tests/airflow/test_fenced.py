@@ -480,6 +480,108 @@ def test_a_fence_from_the_watchdog_thread_kills_the_work_and_fails_the_task(fake
     assert "token 5" in str(failed.value)
 
 
+class Chatty(Recorder):
+    """Work that logs line after line, as the Spark provider's hook logs spark-submit's output."""
+
+    def execute(self, context: Any) -> str:
+        self.executed += 1
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            self.log.info("spark-submit: %s", "a line of the job's output")
+        raise AssertionError("the fence never interrupted the work")
+
+    def on_kill(self) -> None:
+        self.log.info("Sending kill signal to spark-submit")  # as the provider's hook does
+        super().on_kill()
+
+
+class ChannelToSupervisor:
+    """The task process's log channel: structlog's ``BytesLogger`` writes each line here while
+    holding its one ``threading.Lock``. The first line of the work holds the channel (a full
+    pipe to the supervisor) until the fence's signal interrupts it: the fence lands while the
+    work is inside a log call, as it did in the chaos run of 2026-11-28."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        self.work_is_writing = threading.Event()
+        self.interrupted = False
+
+    def write(self, data: bytes) -> int:
+        self.lines.append(data)
+        if b"spark-submit:" in data and not self.work_is_writing.is_set():
+            self.work_is_writing.set()
+            deadline = time.monotonic() + 10
+            try:
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)  # the signal interrupts this sleep: its handler runs here
+            except BaseException:
+                self.interrupted = True
+                raise
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop", ["fence", "SIGTERM"])
+def test_a_fence_or_sigterm_that_lands_inside_a_log_call_still_stops_the_work(fake,
+                                                                               stop) -> None:
+    """The handler only raises; the stop, which logs (and so do ``on_kill()`` and Airflow's
+    SIGTERM handler, which calls it), runs once the work has unwound and let go of the log's
+    lock. A handler that stopped the work itself (logging from signal context) waits forever
+    for the lock the interrupted log call holds: the work outlives its fence."""
+    import logging
+    import os
+
+    import structlog
+
+    channel = ChannelToSupervisor()
+    output = structlog.BytesLogger(channel)  # type: ignore[arg-type]
+    task = dag_with(lambda: fenced(Chatty)(task_id="job"))
+    task._cached_logger = structlog.wrap_logger(
+        output, wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        processors=[lambda _, level, event: f"{level} {event['event']}".encode()])
+    deadlocked: list[bool] = []
+
+    def watchdog() -> None:
+        assert channel.work_is_writing.wait(20), "the work never logged"
+        if stop == "fence":
+            fake.fence("leadership lost (own heartbeat missing or partition lost)")
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while task.killed == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if task.killed == 0:  # stuck on the log's lock: free the main thread to fail the test
+            deadlocked.append(True)
+            output._lock.release()
+
+    # Airflow's task runner's SIGTERM handler: on_kill(), nothing more
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: task.on_kill())
+    thread = threading.Thread(target=watchdog)
+    thread.start()
+    try:
+        with pytest.raises(BaseException) as failed:
+            task.execute(context_for(task, claim(5)))
+    finally:
+        thread.join()
+        signal.signal(signal.SIGTERM, previous)
+    assert not deadlocked, "the stop waited for the log lock the interrupted work held"
+    assert channel.interrupted, f"the {stop} did not land inside the log call"
+    assert isinstance(failed.value, AirflowException), failed.value
+    assert not isinstance(failed.value, AirflowFailException)  # retryable
+    stopping = [line for line in channel.lines if b"Stopping the work" in line]
+    if stop == "fence":
+        assert "Fenced" in str(failed.value) and "token 5" in str(failed.value)
+        assert task.killed == 1  # on_kill ran, on the main thread, after the work unwound
+        assert stopping and b"fenced: leadership lost" in stopping[0], channel.lines[-5:]
+    else:
+        assert "SIGTERM" in str(failed.value)
+        assert task.killed == 2  # Airflow's handler, then the try's stop: both on the main thread
+        assert stopping and b"SIGTERM" in stopping[0], channel.lines[-5:]
+
+
 def test_stray_sigusr1_does_not_disturb_the_work(fake) -> None:
     release = threading.Event()
     task = dag_with(lambda: FencedRecorder(task_id="job", block=release))

@@ -36,8 +36,10 @@ What a fenced task does (through :meth:`neli_orchestrate.Singleton.execute`):
    ``neli_claim`` parameter). Records ``RUNNING`` and runs the operator's own ``execute``
    while holding leadership.
 3. If leadership is lost mid-run, the watchdog thread signals the task's main thread
-   (``SIGUSR1`` via ``signal.pthread_kill``); the handler calls the operator's ``on_kill()``,
-   kills every process the work started, and the try FAILS at once with the fencing reason.
+   (``SIGUSR1`` via ``signal.pthread_kill``). The handler only raises into the work's frame,
+   which unwinds it (and releases whatever it held: the task logger's lock, say); the main
+   thread, no longer in signal context, then calls the operator's ``on_kill()``, kills every
+   process the work started, and the try FAILS at once with the fencing reason.
    A fence fails the try, not the run: Airflow's retries apply, and a retry decides again
    from the ledger (runs under a new, larger token, skips a run completed elsewhere, or waits
    for another region's live claim). Only a final fence (attempt limit reached, or a token
@@ -154,6 +156,26 @@ def naming_timeout(hook: Any) -> float:
         return float(hook.singleton_config().neli.resolved.session_timeout)
     except Exception:  # noqa: BLE001 - a hook without NELI timing (a test double): the default
         return NAMING_TIMEOUT
+
+
+class _Interrupted(BaseException):  # noqa: N818 - an interruption, not an error of the work
+    """Raised by a signal handler into the work's frame: a fence, or the first SIGTERM.
+
+    The handler does nothing else. Logging, ``on_kill()`` and killing processes from the
+    handler would run inside whatever the work was doing when the signal came; if that was a
+    log call holding the task logger's lock (structlog's ``BytesLogger`` takes a plain
+    ``threading.Lock``), the handler's first log line waits for that lock forever, and the work
+    outlives its fence. Unwinding releases the lock; ``_FencedExecution._work`` then stops the
+    work on the main thread. A ``BaseException``, so that the work's ``except Exception`` does
+    not swallow it.
+    """
+
+    def __init__(self, message: str, *, then: Callable[[], None] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        #: What the interrupted handler would have done first, run on the main thread before
+        #: the stop (Airflow's own SIGTERM handler: ``on_kill()``).
+        self.then = then
 
 
 class ApplicationMayStillRun(WorkNotStopped, AirflowException):
@@ -558,12 +580,23 @@ class _FencedExecution:
                               original=exc) from exc
         except BaseException as exc:
             # Stop first, then record, then release: an execution_timeout (Airflow raises
-            # AirflowTaskTimeout here and calls on_kill only after execute returned), a SIGTERM
-            # or the work's own error stops everything the work started before the singleton
-            # records FAILED and leaves the group. A fence already stopped it (_fence_now).
+            # AirflowTaskTimeout here and calls on_kill only after execute returned), a fence, a
+            # SIGTERM or the work's own error stops everything the work started before the
+            # singleton records FAILED and leaves the group. Here, on the main thread and out of
+            # signal context: a fence or SIGTERM only raised _Interrupted into the work.
+            interrupted = exc if isinstance(exc, _Interrupted) else None
             if self.in_work:
                 self.in_work = False
-                self._stop_work(f"{type(exc).__name__}: {exc}")
+                if interrupted is not None and interrupted.then is not None:
+                    interrupted.then()
+                self._stop_work(interrupted.message if interrupted is not None
+                                else f"{type(exc).__name__}: {exc}")
+                if interrupted is not None and self.fence_reason is not None:
+                    # Retryable: the singleton turns this into FencedError, and run() decides
+                    # final or not.
+                    raise AirflowException(f"Fenced: {self.fence_reason}; "
+                                           f"{self.not_stopped or 'the work was killed'}"
+                                           ) from None
                 if self.not_stopped and not isinstance(exc, TaskDeferred):
                     # FAILED names the application (the ledger's ``unstopped``): the CLI and
                     # the UI show it as possibly still running.
@@ -571,6 +604,8 @@ class _FencedExecution:
                         f"{type(exc).__name__}: {exc}; {self.not_stopped}",
                         application=self.unstopped or "") from exc
             run.expect_retry(self._retry_in(exc))
+            if interrupted is not None:
+                raise AirflowException(interrupted.message) from None
             if isinstance(exc, TaskDeferred):
                 raise AirflowFailException(
                     f"{task.task_id} tried to defer while running under a claim; a fenced task "
@@ -742,32 +777,33 @@ class _FencedExecution:
         self._fence_now()
 
     def _fence_now(self) -> None:
+        """Interrupt the work (only raise: see :class:`_Interrupted`); ``_work`` stops it."""
         if not self.in_work:
-            # Not inside the work: the singleton itself raises FencedError at its next step.
+            # Not inside the work, or already being stopped: the singleton itself raises
+            # FencedError at its next step.
             return
-        self.in_work = False
-        reason = self.fence_reason
-        self._stop_work(f"fenced: {reason}")
-        # Retryable: the singleton turns this into FencedError, and run() decides final or not.
-        if self.not_stopped:
-            raise AirflowException(f"Fenced: {reason}; {self.not_stopped}")
-        raise AirflowException(f"Fenced: {reason}; the work was killed")
+        raise _Interrupted(f"fenced: {self.fence_reason}")
 
     def _terminate(self, signum: int, frame: Any) -> None:
-        """SIGTERM during the fenced run: Airflow's handler (``on_kill``), then fail the work.
+        """SIGTERM during the fenced run: fail the work, after Airflow's handler (``on_kill``).
 
         Airflow 3's task runner only calls ``on_kill()`` on SIGTERM and lets ``execute`` go on
         (it may even succeed). Under a claim that would record COMPLETED or keep the role while
-        the supervisor is about to kill the process; instead the work stops here and the try
-        fails, so FAILED is recorded and the group left only after the work stopped.
+        the supervisor is about to kill the process; instead the work stops and the try fails,
+        so FAILED is recorded and the group left only after the work stopped. The first
+        SIGTERM during the work only raises (:class:`_Interrupted`); Airflow's handler then runs
+        on the main thread, out of signal context, just before the stop. Any other SIGTERM goes
+        to Airflow's handler at once and raises nothing: a second SIGTERM must not cut short
+        the stop the first one starts.
         """
         previous = self.previous_term
-        if callable(previous):
-            previous(signum, frame)
-        # Once: a second SIGTERM must not cut short the stop the first one starts.
         if self.in_work and not self.terminated:
             self.terminated = True
-            raise AirflowException("terminated (SIGTERM) while running under a claim")
+            raise _Interrupted(
+                "terminated (SIGTERM) while running under a claim",
+                then=(lambda: previous(signum, None)) if callable(previous) else None)
+        if callable(previous):
+            previous(signum, frame)
 
 
 class _ApplicationWatcher:
