@@ -70,8 +70,10 @@ SINK = "{{ var.value.get('nycflights_sink', 'directory') }}"
 ROLE = "nycflights_daily/{{ ds }}"
 #: The published daily table; DAGs scheduled on it run in every region (events by proxy).
 NYCFLIGHTS_DAILY = Asset("nycflights_daily_performance")
-# Spark's scratch space for one date's job (shuffle files, spills), on the worker that runs it.
-SCRATCH = "/tmp/neli/spark-scratch/nycflights_daily/{{ ds_nodash }}"
+# Spark's scratch space for one date's job (shuffle files, spills), on the worker that runs it:
+# one per deployment, so that regions sharing a host (or a scratch volume) never clean each
+# other's. The job's conf and clean_scratch both render this one template.
+SCRATCH = "{{ scratch_dir(ds_nodash) }}"
 # The job's Spark conf. On a shared standalone cluster an application takes every free core by
 # default: one core and small executors leave room for a second region's application (a
 # take-over while a frozen zombie still holds its executors). Ignored by local[*].
@@ -83,6 +85,17 @@ SPARK_CONF = {
     # Delta replays its log with 50 partitions by default (~20 s per job on a small table)
     "spark.databricks.delta.snapshotPartitions": "2",
 }
+
+
+def scratch_dir(ds_nodash: str, neli_conn_id: str = "neli_default") -> str:
+    """This deployment's scratch directory for one date's job (the deployment id of the gate's
+    connection). Another region's take-over of the same date, on the same host, uses its own."""
+    from urllib.parse import quote
+
+    from neli_orchestrate.airflow import NeliHook
+
+    deployment = quote(NeliHook(neli_conn_id).deployment, safe="")
+    return f"/tmp/neli/spark-scratch/{deployment}/nycflights_daily/{ds_nodash}"
 
 
 def table_jars(sink: str) -> str:
@@ -105,7 +118,8 @@ with DAG(
     tags=["neli", "spark", "example"],
     # Resolved when the task renders, not when the DAG is parsed: the file imports with the
     # `airflow` extra alone, and without PySpark the task fails saying `pip install pyspark`.
-    user_defined_macros={"spark_home": spark_home, "table_jars": table_jars},
+    user_defined_macros={"spark_home": spark_home, "table_jars": table_jars,
+                         "scratch_dir": scratch_dir},
 ) as dag:
     claim_run = LeaderGateOperator(
         task_id="claim_run",
@@ -142,11 +156,12 @@ with DAG(
     )
 
     @task(trigger_rule="all_done")
-    def clean_scratch(ds_nodash: str | None = None) -> None:
-        """Remove the job's scratch space, whether it succeeded or not: part of the singleton."""
+    def clean_scratch(scratch: str) -> None:
+        """Remove the job's scratch space in this deployment, whether it succeeded or not: part
+        of the singleton."""
         import shutil
 
-        shutil.rmtree(f"/tmp/neli/spark-scratch/nycflights_daily/{ds_nodash}", ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
     # Runs in every region: after the job here, or after the gate skipped it (done elsewhere).
     @task(trigger_rule="none_failed")
@@ -173,7 +188,7 @@ with DAG(
         logging.getLogger("airflow.task").info("nycflights %s: %s", ds, summary)
         return summary
 
-    claim_run >> daily_performance >> [report(), clean_scratch()]
+    claim_run >> daily_performance >> [report(), clean_scratch(SCRATCH)]
 
 
 def _directory_partition(root: str, ds: str | None) -> tuple[list[dict], dict]:

@@ -98,7 +98,10 @@ def test_example_dag_imports_with_the_airflow_extra_alone(tmp_path: Path) -> Non
             print("runtime error:", exc)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "AIRFLOW_HOME": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AIRFLOW_HOME": str(tmp_path),
+           # the job's scratch path names the deployment of the gate's connection
+           "AIRFLOW_CONN_NELI_DEFAULT": '{"conn_type": "neli", "host": "127.0.0.1:9", "extra": '
+                                        '{"deployment": "us-east-1", "namespace": "acme"}}'}
     result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
     )
@@ -108,3 +111,32 @@ def test_example_dag_imports_with_the_airflow_extra_alone(tmp_path: Path) -> Non
     )
 
 
+
+
+def test_example_dag_scratch_is_one_path_per_deployment_for_job_and_clean_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two regions on one host: each region's clean_scratch removes exactly the directory its
+    own job used, never the other region's (a chaos run lost a run to a shared path)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags" / "nycflights_daily.py"))
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.dags["nycflights_daily"]
+    used: dict[str, tuple[str, str]] = {}
+    for deployment in ("us-east-1", "eu-west-1"):
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_NELI_DEFAULT",
+            '{"conn_type": "neli", "host": "127.0.0.1:9", '
+            f'"extra": {{"deployment": "{deployment}", "namespace": "acme"}}}}')
+        context = {"ds": "2013-01-01", "ds_nodash": "20130101", "var": {"value": {}}}
+        job = dag.task_dict["daily_performance"].prepare_for_execution()
+        clean = dag.task_dict["clean_scratch"].prepare_for_execution()
+        job.render_template_fields(dict(context))
+        clean.render_template_fields(dict(context))
+        (cleaned,) = clean.op_args
+        used[deployment] = (job.conf["spark.local.dir"], cleaned)
+    for deployment, (scratch, cleaned) in used.items():
+        assert scratch == cleaned, (deployment, scratch, cleaned)  # one derivation, two uses
+        assert deployment in scratch and scratch.endswith("/20130101"), scratch
+    assert used["us-east-1"][0] != used["eu-west-1"][0], used
