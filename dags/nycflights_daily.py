@@ -16,11 +16,11 @@ the token to the job as ``spark.neli.*`` conf and fails the task if the claim is
   ``report`` summarises the published output.
 - In the other regions ``claim_run`` waits while the claim is live and, once the run is
   COMPLETED, succeeds and skips the singleton ("completed by deployment X at T" in its log):
-  ``daily_performance`` (the gate's child) and ``clean_scratch`` (named in
-  ``singleton_tasks``: it cleans the Spark job's scratch space, which exists only where the job
-  ran, and would otherwise run everywhere through its ``all_done`` trigger rule). ``report``
-  runs in every region (``trigger_rule="none_failed"``: a skipped upstream is fine, a failed
-  one is not): it reads the output every region shares.
+  ``daily_performance``, the gate's child. ``report`` runs in every region
+  (``trigger_rule="none_failed"``: a skipped upstream is fine, a failed one is not): it reads
+  the output every region shares. ``clean_scratch`` (``all_done``) runs in every region too:
+  it removes this deployment's own scratch directory of the date, which a try here left even
+  when another region then completed the run (a fenced or killed Spark JVM does not clean up).
 - ``daily_performance`` declares the asset ``nycflights_daily_performance``: it gets an asset
   event in every region, from the task where the job ran and from ``claim_run`` by proxy
   elsewhere, with ``extra["neli"]`` naming the deployment, role, run key and token. DAGs
@@ -71,8 +71,8 @@ ROLE = "nycflights_daily/{{ ds }}"
 #: The published daily table; DAGs scheduled on it run in every region (events by proxy).
 NYCFLIGHTS_DAILY = Asset("nycflights_daily_performance")
 # Spark's scratch space for one date's job (shuffle files, spills), on the worker that runs it:
-# one per deployment, so that regions sharing a host (or a scratch volume) never clean each
-# other's. The job's conf and clean_scratch both render this one template.
+# one per deployment (namespace and deployment id), so that regions sharing a host (or a scratch
+# volume) never clean each other's. The job's conf and clean_scratch both render this one template.
 SCRATCH = "{{ scratch_dir(ds_nodash) }}"
 # The job's Spark conf. On a shared standalone cluster an application takes every free core by
 # default: one core and small executors leave room for a second region's application (a
@@ -88,14 +88,16 @@ SPARK_CONF = {
 
 
 def scratch_dir(ds_nodash: str, neli_conn_id: str = "neli_default") -> str:
-    """This deployment's scratch directory for one date's job (the deployment id of the gate's
-    connection). Another region's take-over of the same date, on the same host, uses its own."""
+    """This deployment's scratch directory for one date's job: named by the namespace and the
+    deployment id of the gate's connection. Another region's take-over of the same date on the
+    same host uses its own, and so does another namespace's deployment of the same name."""
     from urllib.parse import quote
 
     from neli_orchestrate.airflow import NeliHook
 
-    deployment = quote(NeliHook(neli_conn_id).deployment, safe="")
-    return f"/tmp/neli/spark-scratch/{deployment}/nycflights_daily/{ds_nodash}"
+    settings = NeliHook(neli_conn_id).settings
+    where = "/".join(quote(name, safe="") for name in (settings.namespace, settings.deployment))
+    return f"/tmp/neli/spark-scratch/{where}/nycflights_daily/{ds_nodash}"
 
 
 def table_jars(sink: str) -> str:
@@ -132,8 +134,6 @@ with DAG(
         # the fenced job waits this long for the role (a run of the same date elsewhere may
         # hold it)
         run_acquire_timeout=1800,
-        # skipped with daily_performance where another region ran the date (see clean_scratch)
-        singleton_tasks=["clean_scratch"],
         # default: daily_performance's outlets get an asset event by proxy where it is skipped
         proxy_asset_events=True,
     )
@@ -157,8 +157,8 @@ with DAG(
 
     @task(trigger_rule="all_done")
     def clean_scratch(scratch: str) -> None:
-        """Remove the job's scratch space in this deployment, whether it succeeded or not: part
-        of the singleton."""
+        """Remove this deployment's scratch space of the date, whatever happened to the job:
+        in every region, each its own (a try here may have left it, wherever the run ended)."""
         import shutil
 
         shutil.rmtree(scratch, ignore_errors=True)

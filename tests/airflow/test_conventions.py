@@ -138,5 +138,5 @@ def test_example_dag_scratch_is_one_path_per_deployment_for_job_and_clean_up(
         used[deployment] = (job.conf["spark.local.dir"], cleaned)
     for deployment, (scratch, cleaned) in used.items():
         assert scratch == cleaned, (deployment, scratch, cleaned)  # one derivation, two uses
-        assert deployment in scratch and scratch.endswith("/20130101"), scratch
+        assert f"/acme/{deployment}/" in scratch and scratch.endswith("/20130101"), scratch
     assert used["us-east-1"][0] != used["eu-west-1"][0], used
