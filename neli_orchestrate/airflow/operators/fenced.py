@@ -594,9 +594,10 @@ class _FencedExecution:
                 if interrupted is not None and self.fence_reason is not None:
                     # Retryable: the singleton turns this into FencedError, and run() decides
                     # final or not.
-                    raise AirflowException(f"Fenced: {self.fence_reason}; "
-                                           f"{self.not_stopped or 'the work was killed'}"
-                                           ) from None
+                    fenced = AirflowException(f"Fenced: {self.fence_reason}; "
+                                              f"{self.not_stopped or 'the work was killed'}")
+                    run.expect_retry(self._retry_in(fenced))
+                    raise fenced from None
                 if self.not_stopped and not isinstance(exc, TaskDeferred):
                     # FAILED names the application (the ledger's ``unstopped``): the CLI and
                     # the UI show it as possibly still running.
