@@ -172,7 +172,6 @@ class _Interrupted(BaseException):  # noqa: N818 - an interruption, not an error
 
     def __init__(self, message: str, *, then: Callable[[], None] | None = None) -> None:
         super().__init__(message)
-        self.message = message
         #: What the interrupted handler would have done first, run on the main thread before
         #: the stop (Airflow's own SIGTERM handler: ``on_kill()``).
         self.then = then
@@ -589,7 +588,7 @@ class _FencedExecution:
                 self.in_work = False
                 if interrupted is not None and interrupted.then is not None:
                     interrupted.then()
-                self._stop_work(interrupted.message if interrupted is not None
+                self._stop_work(str(interrupted) if interrupted is not None
                                 else f"{type(exc).__name__}: {exc}")
                 if interrupted is not None and self.fence_reason is not None:
                     # Retryable: the singleton turns this into FencedError, and run() decides
@@ -606,7 +605,7 @@ class _FencedExecution:
                         application=self.unstopped or "") from exc
             run.expect_retry(self._retry_in(exc))
             if interrupted is not None:
-                raise AirflowException(interrupted.message) from None
+                raise AirflowException(str(interrupted)) from None
             if isinstance(exc, TaskDeferred):
                 raise AirflowFailException(
                     f"{task.task_id} tried to defer while running under a claim; a fenced task "
