@@ -73,11 +73,57 @@ def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
 #: group between claims; ledger clients kept); ``kept``: a one-off ``Singleton.reserve`` that
 #: joins and leaves, resuming the role's producer and the replay consumer's assignment from
 #: the last claim (``KafkaLedgerConfig.keep_clients``); ``fresh``: the same, creating and
-#: fencing a new producer and assigning anew for every claim (the path before issue #31).
-PATHS = {"held": True, "kept": True, "fresh": False}
+#: fencing a new producer and assigning anew for every claim (the path before issue #31);
+#: ``task``: a new ``Singleton`` for every reserve, nothing kept, as a gate's task process
+#: makes it (Airflow's ``open_singleton``, Dagster's gate op; the trial ends when ``reserve``
+#: returns, before the ``close``). Not a claim: ``bare-txn``, a reference for what a process
+#: of its own pays before any NELI step: a new transactional producer's ``init_transactions``
+#: and one transaction of one record on the role's ledger partition.
+PATHS = {"held": True, "kept": True, "fresh": False, "task": False, "bare-txn": False}
 
 #: Issue #31's goal for a reserve: at most this many round trips plus this many milliseconds.
 GOAL_ROUND_TRIPS, GOAL_EXTRA_MS = 4, 20.0
+
+
+def _task_reserve(config: Any, role: str, run_key: str) -> Any:
+    """A gate's task process: a new Singleton (every client new), one reserve; closed after."""
+    from neli_orchestrate import Singleton
+
+    singleton = Singleton(config)
+    try:
+        return singleton.reserve(role, run_key)
+    finally:
+        closing.append(singleton)  # closed after the clock stops, as the task's end is
+
+
+def _bare_topic(config: Any) -> str:
+    """A topic of one partition beside the ledger, so the reference writes no ledger record."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"{config.namespace}.bare-txn"
+    admin = AdminClient({"bootstrap.servers": config.neli.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    return topic
+
+
+def _bare_transaction(config: Any, role: str, run_key: str) -> None:
+    """A new transactional producer commits one record: the connections, the coordinator's
+    lookup, ``init_transactions`` and one transaction, with no group, no replay and no
+    decision. The floor of anything that commits from a process of its own."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": config.neli.bootstrap_servers,
+                         "transactional.id": f"{config.namespace}.bare-txn.{role}",
+                         "socket.nagle.disable": True, "linger.ms": 0})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(f"{config.namespace}.bare-txn", key=run_key.encode(), value=b"-")
+    producer.commit_transaction(30)
+    closing.append(producer)
+
+
+#: Clients a trial made, closed between trials so that the clock does not count their close.
+closing: list[Any] = []
 
 
 def run(rtts: list[float], trials: int, profile: str,
@@ -112,6 +158,12 @@ def run(rtts: list[float], trials: int, profile: str,
                     held = holds.enter_context(singletons[cell].hold("measured"))
                     held.reserve("warm-held")
                     reserve[cell] = held.reserve
+                elif path == "task":
+                    reserve[cell] = functools.partial(_task_reserve, config, "measured")
+                elif path == "bare-txn":
+                    _bare_topic(config)
+                    _bare_transaction(config, "measured", "warm")
+                    reserve[cell] = functools.partial(_bare_transaction, config, "measured")
                 else:
                     reserve[cell] = functools.partial(singletons[cell].reserve, "measured")
             samples: dict[Any, list[float]] = {cell: [] for cell in cells}
@@ -126,9 +178,13 @@ def run(rtts: list[float], trials: int, profile: str,
                     reservation = reserve[cell](f"k{i}")
                     samples[cell].append((time.perf_counter() - started) * 1000)
                     requests[cell].update(proxy.requests)
+                    while closing:
+                        client = closing.pop()
+                        if hasattr(client, "close"):
+                            client.close()
                     if proxy.lateness["chunks"]:
                         lateness[cell].append(proxy.lateness["mean_ms"])
-                    if reservation.outcome is not Outcome.RUN:
+                    if reservation is not None and reservation.outcome is not Outcome.RUN:
                         raise RuntimeError(f"uncontended reserve answered "
                                            f"{reservation.outcome}: {reservation.reason}")
             holds.close()
@@ -173,7 +229,11 @@ def table(result: dict[str, Any], command: str, load: str) -> str:
         "`kept` is a one-off `Singleton.reserve` (join, lead, claim, leave) that resumes the "
         "role's producer and the replay consumer's assignment from the last claim; `fresh` "
         "is the same creating and fencing a new producer for every claim "
-        "(`KafkaLedgerConfig.keep_clients=False`, the path before).",
+        "(`KafkaLedgerConfig.keep_clients=False`, the path before); `task` makes a new "
+        "`Singleton` for every reserve, nothing kept, as a gate's task process does. "
+        "`bare-txn` is no claim but the reference floor of a process of its own: a new "
+        "transactional producer's `init_transactions` and one transaction of one record, "
+        "without group, replay or decision.",
         "",
         "| path | round trip ms | trials | reserve p50 ms | p99 ms | min ms |"
         " goal ms (4 round trips + 20) | p50 within goal | requests per reserve |",
@@ -214,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="round trip in ms (repeatable; default 0, 30, 60, 120)")
     parser.add_argument("--profile", default="default", help="timing profile (default: default)")
     parser.add_argument("--path", choices=sorted(PATHS), action="append",
-                        help="paths to measure (repeatable; default: held, kept and fresh,"
+                        help="paths to measure (repeatable; default: all of them,"
                              " side by side)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

@@ -35,6 +35,7 @@ from integration.regions.delay_proxy import (  # noqa: E402
 PHASES = [  # (module, class, method, label): the steps of a reserve, in order
     ("neli_orchestrate.singleton.singleton", "Singleton", "_busy_while_preparing",
      "busy check + prepare"),
+    ("neli_orchestrate.ledger.kafka", "KafkaLedger", "_ensure_ready", "ledger topic checked"),
     ("neli_orchestrate.singleton.leadership", "_Leadership", "__init__", "member created"),
     ("neli_orchestrate.singleton.leadership", "_Leadership", "acquire", "join and lead"),
     ("neli_orchestrate.ledger.kafka", "KafkaLedger", "begin", "fence (new producer)"),
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rtt", type=float, default=60.0, help="round trip in ms")
     parser.add_argument("--reserves", type=int, default=3)
-    parser.add_argument("--path", choices=["kept", "fresh"], default="kept")
+    parser.add_argument("--path", choices=["kept", "fresh", "task"], default="kept",
+                        help="task: a new Singleton per reserve, as a gate's task process")
     args = parser.parse_args(argv)
 
     seen: dict[str, list[tuple[float, dict[str, int]]]] = collections.defaultdict(list)
@@ -95,8 +97,13 @@ def main(argv: list[str] | None = None) -> int:
                     seen.clear()
                     proxy.reset_counts()
                     started = time.perf_counter()
-                    outcome = singleton.reserve("measured", f"k{i}").outcome
-                    total = (time.perf_counter() - started) * 1000
+                    if args.path == "task":
+                        with Singleton(config) as fresh:
+                            outcome = fresh.reserve("measured", f"k{i}").outcome
+                            total = (time.perf_counter() - started) * 1000
+                    else:
+                        outcome = singleton.reserve("measured", f"k{i}").outcome
+                        total = (time.perf_counter() - started) * 1000
                     print(f"reserve {i} ({args.path}, {args.rtt:g} ms round trip): {outcome},"
                           f" {total:.0f} ms, {sum(proxy.requests.values())} requests")
                     for label, calls in seen.items():
