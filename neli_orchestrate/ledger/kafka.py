@@ -599,7 +599,9 @@ class KafkaLedger:
 
         Creates the role's producer and connects it (a metadata request): librdkafka retries
         ``init_transactions`` on a fixed 500 ms timer when the coordinator's connection is not
-        up yet, which a producer created at ``begin`` usually hits. Also takes the role's
+        up yet, which a producer created at ``begin`` usually hits. Then connects the replay
+        consumer the same way, if this ledger has none yet (a new process: a gate's task),
+        so the replay after the fence pays no connection of its own. Also takes the role's
         first replay checkpoint if there is none (:meth:`warm`).
         """
         self.warm(role)
@@ -626,6 +628,16 @@ class KafkaLedger:
         with self._lock:
             if self._closed:
                 _close_quietly(producer)
+                return
+            if self._consumer is not None:
+                return
+            # Connected under the lock, which close() takes before closing the consumer: only
+            # a connection is made here (no assignment, no offset), the replay assigns it.
+            try:
+                self._replay_consumer().list_topics(self.config.topic,
+                                                    timeout=self.config.request_timeout)
+            except Exception as exc:  # noqa: BLE001 - only a head start; the replay reports
+                logger.debug("connecting the ledger replay consumer early failed: %s", exc)
 
     def replay(self, role: str) -> Replay:
         """Replay ``role`` read_committed up to the high watermark (no fence; not for tokens)."""

@@ -163,3 +163,41 @@ def test_a_producer_prepared_before_a_wait_is_not_the_one_that_fences(
         assert (len(made), writer._producer is made[0]) == ((1, True) if same else (2, False))
     finally:
         writer.close()
+
+
+def _connect_thread_done(role: str, timeout: float = 30.0) -> None:
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == f"neli-ledger-connect-{role}":
+            thread.join(timeout)
+            assert not thread.is_alive(), "prepare()'s connecting thread did not end"
+
+
+def test_prepare_connects_the_replay_consumer_the_replay_then_uses(
+        kafka_broker: str, ledgers: list[KafkaLedger], topic: str) -> None:
+    # A new process (a gate's task) has no replay consumer: made after the fence, its
+    # connections would cost about three round trips on the claim's path. prepare() makes and
+    # connects it while the gate joins; the replay after the fence uses that one.
+    us = open_ledger(ledgers, kafka_broker, topic)
+    assert us._consumer is None
+    us.prepare(ROLE)
+    _connect_thread_done(ROLE)
+    prepared = us._consumer
+    assert prepared is not None, "prepare() left the replay consumer to the replay"
+    writer = us.begin(ROLE)
+    try:
+        first = claim_with(writer, "2013-01-01")
+        assert us._consumer is prepared
+        assert writer.replay().latest("2013-01-01") == first
+    finally:
+        writer.close()
+
+
+def test_a_ledger_closed_while_it_prepares_keeps_no_replay_consumer(
+        kafka_broker: str, ledgers: list[KafkaLedger], topic: str) -> None:
+    us = open_ledger(ledgers, kafka_broker, topic)
+    us.prepare(ROLE)
+    us.close()
+    _connect_thread_done(ROLE)
+    assert us._consumer is None
