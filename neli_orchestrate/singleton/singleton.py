@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -67,7 +68,7 @@ from neli_orchestrate.liveness import DeploymentLiveness
 from neli_orchestrate.metrics import Metric, MetricEvent, MetricsHook, emit
 from neli_orchestrate.singleton.busy import busy_answer, while_preparing
 from neli_orchestrate.singleton.config import SingletonConfig
-from neli_orchestrate.singleton.groups import GroupReads
+from neli_orchestrate.singleton.groups import GroupReads, MemberClients
 from neli_orchestrate.singleton.held import HeldRole
 from neli_orchestrate.singleton.leadership import NeliFactory, _Leadership
 from neli_orchestrate.singleton.run import Reservation, Run
@@ -102,10 +103,12 @@ class Singleton:
         self._metrics = metrics
         self._ledger = ledger
         self._ledger_lock = threading.Lock()
-        self._neli_factory: NeliFactory = neli_factory or Neli
         self._clock = clock
         self._wall = wall_clock
         self._groups = GroupReads(config)
+        # Members check their topic over the busy check's admin client, already connected.
+        self._neli_factory: NeliFactory = neli_factory or functools.partial(
+            Neli, kafka=MemberClients(self._groups))
         # How many members a consumer group has (by group id): the broker's answer, unless
         # members are injected (tests, simulations): then groups count as idle unless the
         # caller injects membership as well.

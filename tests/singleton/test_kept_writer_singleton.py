@@ -49,3 +49,32 @@ def test_a_reserve_whose_kept_writer_was_fenced_decides_again_under_a_new_fence(
         assert not any("kept ledger writer" in r.getMessage() for r in caplog.records)
     assert history(env, "2013-01-02") == [("us-east-1", RunState.CLAIMED, second.token)]
     assert history(env, "2013-01-03") == [("us-east-1", RunState.CLAIMED, third.token)]
+
+
+def test_members_check_over_the_busy_checks_admin_client_and_leave_it_open(
+    env: dict, monkeypatch: pytest.MonkeyPatch,  # type: ignore[type-arg]
+) -> None:
+    # A member's start-up checks borrow the admin client the busy check connected
+    # (singleton.groups.MemberClients): a claim makes no admin client of its own, and the
+    # member's close of its admin leaves the Singleton's open for the next busy check.
+    from neli_orchestrate.core import confluent
+
+    made: list[object] = []
+    original = confluent._ConfluentAdmin.__init__
+
+    def counted(self: object, *args: object, **kwargs: object) -> None:
+        made.append(self)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(confluent._ConfluentAdmin, "__init__", counted)
+    with singleton(env, "us-east-1") as us:
+        first = us.reserve("flights", "2013-01-01")
+        assert first.outcome is Outcome.RUN
+        made_by_first = len(made)
+        second = us.reserve("flights", "2013-01-02")
+        assert second.outcome is Outcome.RUN
+        assert second.token is not None and first.token is not None
+        assert second.token > first.token
+        assert len(made) == made_by_first == 1, "a member made an admin client of its own"
+        # the member closed its (lent) admin when it left; the busy check's still answers
+        assert us.role_members("flights") == 0
