@@ -114,7 +114,9 @@ def _bare_transaction(config: Any, role: str, run_key: str) -> None:
 
     producer = Producer({"bootstrap.servers": config.neli.bootstrap_servers,
                          "transactional.id": f"{config.namespace}.bare-txn.{role}",
-                         "socket.nagle.disable": True, "linger.ms": 0})
+                         "socket.nagle.disable": True, "linger.ms": 0,
+                         # as the ledger's producer: no wait on librdkafka's coordinator timer
+                         "enable.sparse.connections": False})
     producer.init_transactions(30)
     producer.begin_transaction()
     producer.produce(f"{config.namespace}.bare-txn", key=run_key.encode(), value=b"-")
