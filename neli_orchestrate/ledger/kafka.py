@@ -591,7 +591,7 @@ class KafkaLedger:
         # names, not only to those it has a request for. init_transactions() sends its
         # FindCoordinator to a broker already up and, finding none (a prepared producer has only
         # its bootstrap connection), waits for a fixed 500 ms timer: 6 of 10 gate claims at
-        # 60 ms of round trip paid it (docs/internals/performance.md, "Across regions").
+        # 60 ms of round trip paid it (docs/internals/performance.md, "One-off claims").
         return new_producer(self._client_config(required={
             "transactional.id": self.config.transactional_id(role),
             "transaction.timeout.ms": int(self.config.transaction_timeout * 1000),
