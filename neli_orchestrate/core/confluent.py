@@ -751,6 +751,22 @@ class ConfluentKafka:
         return "ConfluentKafka()"
 
 
+def lent_admin(admin: LeaderTopicAdmin) -> LeaderTopicAdmin:
+    """A seam admin over ``admin``'s current client, for a borrower's few calls (a member's
+    start-up checks over a Singleton's busy-check client).
+
+    It holds that client for as long as the borrower uses it: should ``admin`` replace its
+    client meanwhile (a timed-out or stale-coordinator call of another thread), the old one is
+    not destroyed under the borrower's requests. It never replaces the client itself, and its
+    ``close()`` only lets go of it; ``admin`` stays open.
+    """
+    if not isinstance(admin, _ConfluentAdmin):
+        raise TypeError(f"only the seam's own admin client can be lent, not {admin!r}")
+    with admin._inflight_lock:
+        client = admin._admin
+    return _ConfluentAdmin({"bootstrap.servers": admin._servers}, client)
+
+
 def as_seam_admin(admin: Any) -> Any:
     """``admin`` itself, or the seam's admin over it if it is a confluent-kafka AdminClient."""
     from confluent_kafka.admin import AdminClient

@@ -133,7 +133,8 @@ class SingletonConfig:
 
 def ledger_client_settings(kafka_config: Any) -> dict[str, Any]:
     """Connection and security settings of a member's kafka_config that the ledger shares."""
-    keep = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "metadata.",
-            "reconnect.", "retry.", "retries", "debug", "log_level")
+    keep = ("security.", "sasl.", "ssl.", "enable.ssl.", "enable.sasl.", "oauth_cb",
+            "client.", "socket.", "broker.", "metadata.", "reconnect.", "retry.", "retries",
+            "debug", "log_level")
     return {k: v for k, v in dict(kafka_config).items() if k.startswith(keep)}
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from neli_orchestrate.core.client_settings import KafkaSettings, client_settings
-from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS, ConfluentKafka
+from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS, ConfluentKafka, lent_admin
 from neli_orchestrate.core.kafka import (
     GroupConsumer,
     HeartbeatProducer,
@@ -64,36 +64,27 @@ class GroupReads:
 
     def _settings(self) -> KafkaSettings:
         neli = self._config.neli.resolved
+        # as a member's own admin client had them: its start-up checks run over this one
         return client_settings(neli.bootstrap_servers,
                                logger="neli_orchestrate.singleton.librdkafka",
                                user=ledger_client_settings(neli.kafka_config),
-                               defaults={"reconnect.backoff.ms": RECONNECT_BACKOFF_MS})
-
-
-class _Lent:
-    """GroupReads' admin client, lent to a member's start-up checks: the member closes its
-    admin when they are done, and that close must leave GroupReads' client open."""
-
-    def __init__(self, admin: LeaderTopicAdmin) -> None:
-        self._admin = admin
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._admin, name)
-
-    def close(self) -> None:
-        """GroupReads keeps its client; nothing to close here."""
+                               defaults={"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+                                         "client.id": f"neli-{neli.name}",
+                                         "socket.nagle.disable": True})
 
 
 class MemberClients:
     """The clients of a Singleton's members (:class:`~neli_orchestrate.core.kafka.KafkaClients`):
-    confluent-kafka's, except the admin, which is :class:`GroupReads`' own, lent."""
+    confluent-kafka's, except the admin, which is :class:`GroupReads`' own client, lent
+    (:func:`~neli_orchestrate.core.confluent.lent_admin`): the member's ``close()`` leaves it
+    open, and a busy check that replaces it meanwhile does not destroy it under the checks."""
 
     def __init__(self, groups: GroupReads) -> None:
         self._groups = groups
         self._kafka = ConfluentKafka()
 
     def admin(self, settings: Mapping[str, Any]) -> LeaderTopicAdmin:
-        return _Lent(self._groups._seam())  # type: ignore[return-value]
+        return lent_admin(self._groups._seam())
 
     def consumer(self, settings: Mapping[str, Any], topic: str) -> GroupConsumer:
         return self._kafka.consumer(settings, topic)

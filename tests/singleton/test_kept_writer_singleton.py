@@ -9,6 +9,7 @@ once, under a larger token. One protocol (the default profile's): the path is th
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from pathlib import Path
 
@@ -59,14 +60,14 @@ def test_members_check_over_the_busy_checks_admin_client_and_leave_it_open(
     # member's close of its admin leaves the Singleton's open for the next busy check.
     from neli_orchestrate.core import confluent
 
-    made: list[object] = []
-    original = confluent._ConfluentAdmin.__init__
+    made: list[object] = []  # admin clients (librdkafka handles) the seam created
+    original = confluent.new_admin
 
-    def counted(self: object, *args: object, **kwargs: object) -> None:
-        made.append(self)
-        original(self, *args, **kwargs)  # type: ignore[arg-type]
+    def counted(settings: object) -> object:
+        made.append(original(settings))  # type: ignore[arg-type]
+        return made[-1]
 
-    monkeypatch.setattr(confluent._ConfluentAdmin, "__init__", counted)
+    monkeypatch.setattr(confluent, "new_admin", counted)
     with singleton(env, "us-east-1") as us:
         first = us.reserve("flights", "2013-01-01")
         assert first.outcome is Outcome.RUN
@@ -78,3 +79,53 @@ def test_members_check_over_the_busy_checks_admin_client_and_leave_it_open(
         assert len(made) == made_by_first == 1, "a member made an admin client of its own"
         # the member closed its (lent) admin when it left; the busy check's still answers
         assert us.role_members("flights") == 0
+
+
+def test_a_lent_admin_client_outlives_a_renewal_of_the_lenders_client(
+    kafka_broker: str,
+) -> None:
+    # A busy check of another thread that times out replaces GroupReads' client; the member
+    # whose checks were in flight on the old one must still get their answers (a destroyed
+    # client fails them, and a failed DescribeConfigs reads as "no config": the KIP-848 group
+    # check would be skipped). The broker answers through a 1 s round trip, so the request is
+    # still in flight when the lender renews.
+    import threading
+
+    from integration.regions.delay_proxy import DelayProxy, broker_behind_proxies
+    from neli_orchestrate import NeliConfig, SingletonConfig
+    from neli_orchestrate.core.confluent import _ConfluentAdmin, lent_admin
+    from neli_orchestrate.singleton.groups import GroupReads
+    from neli_orchestrate.testing.local_kafka import free_port
+
+    remote = free_port()
+    with DelayProxy(("127.0.0.1", remote), precise=True) as proxy:
+        kafka = broker_behind_proxies({"remote": proxy.port}, {"remote": remote}).start()
+        try:
+            config = SingletonConfig(
+                neli=NeliConfig(bootstrap_servers=f"127.0.0.1:{proxy.port}"),
+                namespace=f"t{uuid.uuid4().hex[:8]}", deployment="us-east-1")
+            lender = GroupReads(config)
+            seam = lender._seam()
+            assert isinstance(seam, _ConfluentAdmin)
+            topic = f"{config.names.name}.lent"
+            seam.create_topic(topic, 1, {}, 30)
+            deadline = time.monotonic() + 30
+            while seam.topic_config(topic, 30) is None:  # connected, as after a busy check
+                assert time.monotonic() < deadline, "the topic's config never became readable"
+            lent = lent_admin(seam)
+            proxy.set_delay(0.5)
+            proxy.reset_counts()
+            answers: list[object] = []
+            asking = threading.Thread(target=lambda: answers.append(lent.topic_config(topic, 30)))
+            asking.start()
+            while not proxy.requests.get(32):  # DescribeConfigs sent: in flight for about 1 s
+                assert time.monotonic() < deadline + 30, "the lent client sent no request"
+                time.sleep(0.01)
+            with seam._inflight_lock:
+                seam._renew_locked()
+            asking.join(30)
+            assert answers and answers[0] is not None, "the renewal failed the lent request"
+            lent.close()
+            assert seam.topic_config(topic, 30) is not None  # the lender's own still answers
+        finally:
+            kafka.stop()

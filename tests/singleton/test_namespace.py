@@ -168,3 +168,22 @@ def test_deployments_through_different_front_doors_share_group_and_ledger(
     finally:
         for singleton in (east, west, south):
             singleton.close()
+
+
+def test_the_ledger_and_the_busy_check_keep_every_security_setting_of_the_member() -> None:
+    # The ledger's clients and the busy check's admin client (over which members now run their
+    # start-up checks) connect as the member does: TLS verification, OAUTHBEARER settings and
+    # the token callback are security settings too, not member-only ones.
+    def token(config: object) -> tuple[str, float]:
+        return "token", time.time() + 60
+
+    security = {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+                "oauth_cb": token, "enable.ssl.certificate.verification": False,
+                "enable.sasl.oauthbearer.unsecure.jwt": True}
+    config = SingletonConfig(
+        neli=NeliConfig(bootstrap_servers="localhost:9092",
+                        kafka_config={**security, "queued.min.messages": 5}),
+        namespace="sec", deployment="d")
+    kept = config.ledger_config().kafka_config
+    assert {k: kept.get(k) for k in security} == security
+    assert "queued.min.messages" not in kept  # a member's consumer setting stays its own
