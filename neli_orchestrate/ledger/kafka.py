@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import math
 import re
@@ -629,20 +630,29 @@ class KafkaLedger:
             producer.list_topics(self.config.topic, timeout=self.config.request_timeout)
         except Exception as exc:  # noqa: BLE001 - only a head start; begin() reports errors
             logger.debug("connecting the ledger producer of %r early failed: %s", role, exc)
-        future.set_result(producer)
         with self._lock:
-            if self._closed:
-                _close_quietly(producer)
+            # Under the lock: a close() that runs later sees the result and closes it; one that
+            # ran before did not, so it is closed here (once either way).
+            closed = self._closed
+            future.set_result(producer)
+            if not closed and self._consumer is not None:
                 return
-            if self._consumer is not None:
-                return
-            # Connected under the lock, which close() takes before closing the consumer: only
-            # a connection is made here (no assignment, no offset), the replay assigns it.
-            try:
-                self._replay_consumer().list_topics(self.config.topic,
-                                                    timeout=self.config.request_timeout)
-            except Exception as exc:  # noqa: BLE001 - only a head start; the replay reports
-                logger.debug("connecting the ledger replay consumer early failed: %s", exc)
+        if closed:
+            _close_quietly(producer)
+            return
+        # Connected outside the lock, which the fence and the replays of other roles take: only
+        # a connection is made (no assignment, no offset); the replay assigns it.
+        consumer = self._new_replay_consumer()
+        try:
+            consumer.list_topics(self.config.topic, timeout=self.config.request_timeout)
+        except Exception as exc:  # noqa: BLE001 - only a head start; the replay reports
+            logger.debug("connecting the ledger replay consumer early failed: %s", exc)
+        with self._lock:
+            if self._consumer is None and not self._closed:
+                self._consumer, consumer = consumer, None
+        if consumer is not None:  # a replay made its own meanwhile, or the ledger was closed
+            with contextlib.suppress(Exception):
+                consumer.close()
 
     def replay(self, role: str) -> Replay:
         """Replay ``role`` read_committed up to the high watermark (no fence; not for tokens)."""
@@ -974,16 +984,19 @@ class KafkaLedger:
 
     def _replay_consumer(self) -> Any:
         if self._consumer is None:
-            self._consumer = new_consumer(self._client_config(required={
-                "group.id": f"neli-ledger-replay-{uuid.uuid4().hex}",  # never joins a group
-                **READER_REQUIRED,
-            }, call={
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": _FETCH_WAIT_MS,
-                "fetch.max.bytes": 64 * 1024 * 1024,
-                "max.partition.fetch.bytes": 16 * 1024 * 1024,
-            }))
+            self._consumer = self._new_replay_consumer()
         return self._consumer
+
+    def _new_replay_consumer(self) -> Any:
+        return new_consumer(self._client_config(required={
+            "group.id": f"neli-ledger-replay-{uuid.uuid4().hex}",  # never joins a group
+            **READER_REQUIRED,
+        }, call={
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": _FETCH_WAIT_MS,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        }))
 
     def close(self) -> None:
         """Close the replay consumer; writers are closed by their owners."""
