@@ -78,7 +78,7 @@ def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
 #: makes it (Airflow's ``open_singleton``, Dagster's gate op; the trial ends when ``reserve``
 #: returns, before the ``close``). Not a claim: ``bare-txn``, a reference for what a process
 #: of its own pays before any NELI step: a new transactional producer's ``init_transactions``
-#: and one transaction of one record on the role's ledger partition.
+#: and one transaction of one record, on a topic beside the ledger (:func:`_bare_topic`).
 PATHS = {"held": True, "kept": True, "fresh": False, "task": False, "bare-txn": False}
 
 #: Issue #31's goal for a reserve: at most this many round trips plus this many milliseconds.
@@ -97,13 +97,17 @@ def _task_reserve(config: Any, role: str, run_key: str) -> Any:
 
 
 def _bare_topic(config: Any) -> str:
-    """A topic of one partition beside the ledger, so the reference writes no ledger record."""
+    """The topic of ``bare-txn``: one partition beside the ledger, so the reference writes no
+    ledger record."""
+    return f"{config.namespace}.bare-txn"
+
+
+def _create_bare_topic(config: Any) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    topic = f"{config.namespace}.bare-txn"
+    topic = _bare_topic(config)
     admin = AdminClient({"bootstrap.servers": config.neli.bootstrap_servers})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    return topic
 
 
 def _bare_transaction(config: Any, role: str, run_key: str) -> None:
@@ -119,7 +123,7 @@ def _bare_transaction(config: Any, role: str, run_key: str) -> None:
                          "enable.sparse.connections": False})
     producer.init_transactions(30)
     producer.begin_transaction()
-    producer.produce(f"{config.namespace}.bare-txn", key=run_key.encode(), value=b"-")
+    producer.produce(_bare_topic(config), key=run_key.encode(), value=b"-")
     producer.commit_transaction(30)
     closing.append(producer)
 
@@ -163,7 +167,7 @@ def run(rtts: list[float], trials: int, profile: str,
                 elif path == "task":
                     reserve[cell] = functools.partial(_task_reserve, config, "measured")
                 elif path == "bare-txn":
-                    _bare_topic(config)
+                    _create_bare_topic(config)
                     _bare_transaction(config, "measured", "warm")
                     reserve[cell] = functools.partial(_bare_transaction, config, "measured")
                 else:

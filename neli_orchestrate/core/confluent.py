@@ -108,6 +108,17 @@ def _ms(seconds: float) -> int:
     return max(1, int(round(seconds * 1000)))
 
 
+def member_client_defaults(r: ResolvedConfig) -> dict[str, Any]:
+    """What every client of a member has unless its ``kafka_config`` says otherwise; also the
+    Singleton's busy-check client, over which members run their start-up checks."""
+    return {
+        "client.id": f"neli-{r.name}",
+        # heartbeats are tiny and latency-bound; Nagle's algorithm would delay them
+        "socket.nagle.disable": True,
+        "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
+    }
+
+
 def _settings(r: ResolvedConfig, *, required: Mapping[str, Any],
               call: Mapping[str, Any] | None = None) -> KafkaSettings:
     """A member client's settings through the one builder; the reasons for refusing a required
@@ -116,13 +127,7 @@ def _settings(r: ResolvedConfig, *, required: Mapping[str, Any],
 
     return client_settings(
         r.bootstrap_servers, logger=librdkafka_log, required=required, call=call,
-        user=r.kafka_config, why=PROTECTED_KAFKA_SETTINGS,
-        defaults={
-            "client.id": f"neli-{r.name}",
-            # heartbeats are tiny and latency-bound; Nagle's algorithm would delay them
-            "socket.nagle.disable": True,
-            "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
-        })
+        user=r.kafka_config, why=PROTECTED_KAFKA_SETTINGS, defaults=member_client_defaults(r))
 
 
 def consumer_settings(r: ResolvedConfig) -> KafkaSettings:

@@ -19,13 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from neli_orchestrate.core.client_settings import KafkaSettings, client_settings
-from neli_orchestrate.core.confluent import RECONNECT_BACKOFF_MS, ConfluentKafka, lent_admin
-from neli_orchestrate.core.kafka import (
-    GroupConsumer,
-    HeartbeatProducer,
-    LeaderTopicAdmin,
-    LeaderTopicWatcher,
-)
+from neli_orchestrate.core.confluent import ConfluentKafka, lent_admin, member_client_defaults
+from neli_orchestrate.core.kafka import LeaderTopicAdmin
 from neli_orchestrate.liveness import DeploymentLiveness, LivenessReader
 from neli_orchestrate.singleton.config import SingletonConfig, ledger_client_settings
 
@@ -68,12 +63,10 @@ class GroupReads:
         return client_settings(neli.bootstrap_servers,
                                logger="neli_orchestrate.singleton.librdkafka",
                                user=ledger_client_settings(neli.kafka_config),
-                               defaults={"reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
-                                         "client.id": f"neli-{neli.name}",
-                                         "socket.nagle.disable": True})
+                               defaults=member_client_defaults(neli))
 
 
-class MemberClients:
+class MemberClients(ConfluentKafka):
     """The clients of a Singleton's members (:class:`~neli_orchestrate.core.kafka.KafkaClients`):
     confluent-kafka's, except the admin, which is :class:`GroupReads`' own client, lent
     (:func:`~neli_orchestrate.core.confluent.lent_admin`): the member's ``close()`` leaves it
@@ -81,16 +74,9 @@ class MemberClients:
 
     def __init__(self, groups: GroupReads) -> None:
         self._groups = groups
-        self._kafka = ConfluentKafka()
 
     def admin(self, settings: Mapping[str, Any]) -> LeaderTopicAdmin:
         return lent_admin(self._groups._seam())
 
-    def consumer(self, settings: Mapping[str, Any], topic: str) -> GroupConsumer:
-        return self._kafka.consumer(settings, topic)
-
-    def producer(self, settings: Mapping[str, Any], topic: str) -> HeartbeatProducer:
-        return self._kafka.producer(settings, topic)
-
-    def watcher(self, settings: Mapping[str, Any], topic: str) -> LeaderTopicWatcher:
-        return self._kafka.watcher(settings, topic)
+    def __repr__(self) -> str:
+        return "MemberClients()"
